@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Sets up everything the test suite needs in a fresh virtual environment, then runs it.
+# Usage: bash tests/run.sh [pytest args...]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+python=${PYTHON:-python3}
+venv=${SPECTRUM_VENV:-.venv}
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
+
+# torch first and pinned to the CPU build, so no resolver pulls a multi-GB CUDA build.
+"${pip[@]}" torch==2.13.0
+"${pip[@]}" -e '.[dev,engine-cpu]'
+# PyPI's torchvision does not load beside torch 2.13.0+cpu and breaks transformers' imports.
+"$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+
+# checkov downgrades packages it shares with the project: it gets an environment of its own.
+checkov_venv=${SPECTRUM_CHECKOV_VENV:-.venv-checkov}
+[ -x "$checkov_venv/bin/checkov" ] || { "$python" -m venv "$checkov_venv" &&
+  "$checkov_venv/bin/python" -m pip install -q --disable-pip-version-check 'checkov>=3.2,<4'; }
+export SPECTRUM_CHECKOV="$PWD/$checkov_venv/bin/checkov"
+
+# vLLM on CPU reserves most of a NUMA node for its KV cache unless told otherwise.
+export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
+export SAGEMAKER_SUPPRESS_V2_WARNING=1
+exec "$venv/bin/python" -m pytest "$@"
