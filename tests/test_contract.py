@@ -1,0 +1,144 @@
+"""The one request shape, its dialects, and stream reassembly however the bytes are cut."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from options import contract
+from options.contract import (Request, Result, StreamDecoder, StreamEvent, Timings, Usage,
+                              collect, detect_dialect, dialect, events_from_bytes, sse_stream)
+from options.plan import BadInput
+
+REQUESTS = {
+    "prompt": Request(prompt="Say hi", max_tokens=16, temperature=0.5, top_p=0.9, stop=["\n"],
+                      model="m"),
+    "stream": Request(prompt="Say hi", max_tokens=8, stream=True, model="m"),
+    "benchmark": Request(prompt="x " * 10, max_tokens=32, ignore_eos=True, stream=True, model="m"),
+    "conversation": Request(messages=[{"role": "user", "content": "a"},
+                                      {"role": "assistant", "content": "b"},
+                                      {"role": "user", "content": "c"}],
+                            system="be brief", max_tokens=4, model="m"),
+}
+# What each dialect can carry: the text-only ones take no conversation and fold the system
+# prompt into the text; Bedrock has no ignore_eos and streams through a different call.
+CARRIES = {"openai-chat": {"prompt", "stream", "benchmark", "conversation"},
+           "openai-completions": {"prompt", "stream", "benchmark"},
+           "tgi": {"prompt", "stream", "benchmark"},
+           "bedrock": {"prompt", "conversation"}}
+
+
+@pytest.mark.parametrize("name", sorted(CARRIES))
+def test_every_dialect_round_trips_the_request(name):
+    d = dialect(name)
+    for key in sorted(CARRIES[name]):
+        req = REQUESTS[key]
+        back = d.from_wire(json.loads(json.dumps(d.to_wire(req))))
+        if name == "bedrock":      # the stream flag is a choice of API call, not a field
+            back.stream = req.stream
+        if name in ("tgi",):       # TGI bodies carry no model name
+            back.model = req.model
+        assert back == req, (name, key)
+
+
+@pytest.mark.parametrize("name", sorted(CARRIES))
+def test_every_dialect_round_trips_results_and_stream_events(name):
+    d = dialect(name)
+    res = Result("héllo wörld", "length", Usage(7, 3))
+    back = d.result_from_wire(json.loads(json.dumps(d.result_to_wire(res))))
+    assert (back.text, back.finish_reason, back.usage) == ("héllo wörld", "length", Usage(7, 3))
+    events = [StreamEvent("text", text="hé"), StreamEvent("text", text="llo"),
+              StreamEvent("finish", finish_reason="stop"), StreamEvent("usage", usage=Usage(5, 2))]
+    got = [e for ev in events for e in d.events_from_wire(json.loads(json.dumps(d.stream_to_wire(ev))))]
+    assert [(e.kind, e.text, e.finish_reason, e.usage) for e in got] == \
+        [(e.kind, e.text, e.finish_reason, e.usage) for e in events]
+
+
+def test_wire_shapes_are_what_the_servers_expect():
+    chat = dialect("openai-chat").to_wire(REQUESTS["conversation"])
+    assert chat["messages"][0] == {"role": "system", "content": "be brief"}
+    bench = dialect("openai-completions").to_wire(REQUESTS["benchmark"])
+    assert bench["ignore_eos"] is True and bench["stream_options"] == {"include_usage": True}
+    tgi = dialect("lmi").to_wire(Request(prompt="p", system="s", max_tokens=5, temperature=0.7))
+    assert tgi == {"inputs": "s\n\np", "parameters": {"max_new_tokens": 5, "temperature": 0.7,
+                                                       "do_sample": True, "details": True}}
+    conv = dialect("bedrock").to_wire(REQUESTS["conversation"])
+    assert conv["system"] == [{"text": "be brief"}]
+    assert conv["messages"][1] == {"role": "assistant", "content": [{"text": "b"}]}
+    assert conv["inferenceConfig"] == {"maxTokens": 4}
+    for name, body in [("openai-chat", chat), ("openai-completions", bench), ("tgi", tgi),
+                       ("bedrock", conv)]:
+        assert detect_dialect(body) is dialect(name)
+
+
+def test_bad_requests_say_what_is_wrong():
+    with pytest.raises(BadInput, match="exactly one of prompt"):
+        Request()
+    with pytest.raises(BadInput, match="max_tokens=0"):
+        Request(prompt="x", max_tokens=0)
+    with pytest.raises(BadInput, match="openai-chat or bedrock"):
+        dialect("tgi").to_wire(REQUESTS["conversation"])
+    with pytest.raises(BadInput, match="unknown dialect 'soap'"):
+        dialect("soap")
+    with pytest.raises(BadInput, match="cannot tell the dialect"):
+        detect_dialect({"foo": 1})
+
+
+# --- streams cut anywhere --------------------------------------------------------------------
+
+def _openai_sse(texts, usage=(3, 4)) -> bytes:
+    events = [StreamEvent("text", text=t) for t in texts]
+    events += [StreamEvent("finish", finish_reason="length"), StreamEvent("usage", usage=Usage(*usage))]
+    return b"".join(sse_stream(events, "openai-completions"))
+
+
+def _lmi_jsonlines(texts) -> bytes:
+    lines = [{"token": {"id": i, "text": t}} for i, t in enumerate(texts)]
+    lines.append({"token": None, "generated_text": "".join(texts),
+                  "details": {"finish_reason": "length", "generated_tokens": len(texts)}})
+    return b"".join(json.dumps(x, ensure_ascii=False).encode() + b"\n" for x in lines)
+
+
+TEXTS = ["Grüße", " 日本", "語 ", "🙂", " fin"]
+STREAMS = {"openai-completions": _openai_sse(TEXTS), "tgi": _lmi_jsonlines(TEXTS)}
+
+
+def _splits(data: bytes):
+    yield "whole", [data]
+    yield "one byte at a time", [data[i:i + 1] for i in range(len(data))]
+    # Cut in the middle of every multi-byte character (so each part ends mid-character).
+    cuts = [i + 1 for i, b in enumerate(data) if b >= 0xC0]
+    yield "mid UTF-8 character", [data[a:b] for a, b in zip([0] + cuts, cuts + [len(data)])]
+    # Cut mid-event: every part holds one and a half events.
+    n = max(1, len(data) // 7)
+    yield "mid event", [data[i:i + n] for i in range(0, len(data), n)]
+
+
+@pytest.mark.parametrize("name", sorted(STREAMS))
+def test_stream_reassembles_however_it_is_split(name):
+    data = STREAMS[name]
+    for label, parts in _splits(data):
+        assert b"".join(parts) == data
+        if label == "mid UTF-8 character":
+            assert any(p and (p[-1] >= 0xC0) for p in parts)
+        res = collect(events_from_bytes(parts, name), started=0.0)
+        assert res.text == "".join(TEXTS), label
+        assert res.finish_reason == "length", label
+        assert res.usage.output_tokens == (4 if name == "openai-completions" else len(TEXTS)), label
+
+
+def test_decoder_stops_at_done_and_rejects_garbage():
+    dec = StreamDecoder()
+    assert dec.feed(b'data: {"a": 1}\n\n: keep-alive\nevent: x\ndata: [DONE]\n\ndata: {"b": 2}\n') == [{"a": 1}]
+    assert dec.done
+    with pytest.raises(contract.StreamError, match="not JSON"):
+        StreamDecoder().feed(b"data: <html>\n")
+
+
+def test_collect_times_match_the_definitions():
+    evs = [StreamEvent("text", text="a", t=1.5), StreamEvent("text", text="", t=1.6),
+           StreamEvent("text", text="b", t=1.75), StreamEvent("text", text="c", t=2.25),
+           StreamEvent("usage", usage=Usage(2, 3), t=2.3)]
+    res = collect(evs, started=1.0)
+    assert res.timings == Timings(ttft_s=0.5, e2e_s=1.25, itl_s=[0.25, 0.5])
+    assert res.timings.e2e_s == pytest.approx(res.timings.ttft_s + sum(res.timings.itl_s))
