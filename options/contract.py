@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
@@ -36,9 +36,13 @@ def normalise_finish_reason(reason: str | None) -> str | None:
 class Usage:
     input_tokens: int | None = None
     output_tokens: int | None = None
+    cost_usd: float | None = None   # set where a price is known (Bedrock: usage × price table)
 
     def to_json(self) -> dict[str, Any]:
-        return {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        out: dict[str, Any] = {"input_tokens": self.input_tokens, "output_tokens": self.output_tokens}
+        if self.cost_usd is not None:
+            out["cost_usd"] = self.cost_usd
+        return out
 
 
 @dataclass
@@ -52,9 +56,13 @@ class Timings:
     ttft_s: float | None = None
     e2e_s: float | None = None
     itl_s: list[float] = field(default_factory=list)
+    server_latency_s: float | None = None   # what the server says it took (Bedrock latencyMs)
 
     def to_json(self) -> dict[str, Any]:
-        return {"ttft_s": self.ttft_s, "e2e_s": self.e2e_s, "itl_s": list(self.itl_s)}
+        out = {"ttft_s": self.ttft_s, "e2e_s": self.e2e_s, "itl_s": list(self.itl_s)}
+        if self.server_latency_s is not None:
+            out["server_latency_s"] = self.server_latency_s
+        return out
 
 
 @dataclass
@@ -154,8 +162,8 @@ def collect(events: Iterable[StreamEvent], started: float | None = None) -> Resu
             text.append(ev.text)
             times.append(ev.t)
         elif ev.kind == "usage" and ev.usage:
-            usage = Usage(ev.usage.input_tokens if ev.usage.input_tokens is not None else usage.input_tokens,
-                          ev.usage.output_tokens if ev.usage.output_tokens is not None else usage.output_tokens)
+            usage = Usage(*(new if new is not None else old
+                            for new, old in zip(astuple(ev.usage), astuple(usage))))
         elif ev.kind == "finish":
             finish = ev.finish_reason
     timings = Timings()
