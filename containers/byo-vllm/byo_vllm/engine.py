@@ -1,0 +1,201 @@
+"""The engine adapter: one vLLM ``AsyncLLM`` on its own asyncio loop thread.
+
+Request threads (gunicorn's gthread pool) never run coroutines. They submit a request with
+one cross-thread call, then wait on a ``threading.Event`` that the engine's output handler
+sets each time it hands this request new tokens. Outputs that arrive while a request thread
+is busy writing are merged by vLLM's own collector (DELTA mode), so a slow client costs one
+wake-up per write, not one per token; that keeps the front end's CPU per token low.
+
+A request whose client went away is aborted in the engine (``Generation.abort``), so no
+compute keeps running for nobody.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import time
+import uuid
+from typing import Any
+
+from .config import WORKER_BOOT_ERROR, ConfigError, ServerSettings
+
+log = logging.getLogger("byo_vllm.engine")
+
+
+class EngineUnavailable(RuntimeError):
+    """The engine is still loading or has died: the server answers 503."""
+
+
+class Generation:
+    """One request in the engine, read from a request thread."""
+
+    __slots__ = ("_adapter", "_collector", "_lock", "_wake", "request_id", "prompt_tokens",
+                 "submitted_at", "finished")
+
+    def __init__(self, adapter: "EngineAdapter", prompt_tokens: int) -> None:
+        self._adapter = adapter
+        self._collector = None
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self.request_id = ""
+        self.prompt_tokens = prompt_tokens
+        self.submitted_at = time.monotonic()
+        self.finished = False
+
+    def _attach(self, collector) -> None:
+        """Runs on the loop thread, right after vLLM created this request's collector."""
+        put = collector.put
+        lock, wake = self._lock, self._wake
+
+        def put_and_wake(output) -> None:
+            with lock:               # the collector merges in place: never read it mid-merge
+                put(output)
+            wake.set()
+
+        collector.put = put_and_wake
+        self._collector = collector
+        self.request_id = collector.request_id
+
+    def next(self, timeout_s: float = 5.0):
+        """The outputs produced since the last call (merged), blocking until there are some.
+
+        Raises the engine's error if the request failed or the engine died."""
+        while True:
+            self._wake.clear()
+            with self._lock:
+                output = self._collector.get_nowait()
+            if output is not None:
+                if output.finished:
+                    self.finished = True
+                return output
+            if not self._wake.wait(timeout_s) and self._adapter.dead_error is not None:
+                raise EngineUnavailable(f"the engine died: {self._adapter.dead_error}")
+
+    def abort(self) -> None:
+        """Stop generating for this request (the client went away); safe to call twice."""
+        if not self.finished and self.request_id:
+            self.finished = True
+            self._adapter.abort(self.request_id)
+
+
+class EngineAdapter:
+    """Loads the engine in the background and serves requests from any thread."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.state = "loading"            # loading | ready | failed | stopped
+        self.failure: str | None = None
+        self.engine = None
+        self.tokenizer = None
+        self.max_model_len = 0
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._tokenizer_lock = threading.Lock()
+
+    # -- life cycle -------------------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="engine-loop", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._load())
+        except BaseException as e:   # noqa: BLE001 - a server that cannot load must not linger
+            if isinstance(e, ConfigError):
+                log.error("%s", e)
+            else:
+                log.exception("the engine failed to load")
+            self._fail(f"{type(e).__name__}: {e}")
+            # gunicorn stops the whole server when its worker exits with this code, so the
+            # platform sees the failure (and the log says why) instead of a 503 forever.
+            os._exit(WORKER_BOOT_ERROR)
+        loop.run_forever()
+
+    async def _load(self) -> None:
+        from vllm.usage.usage_lib import UsageContext
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        from .engine_args import build_engine_args
+
+        args = build_engine_args(self.settings)
+        started = time.monotonic()
+        engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+        self.engine = engine
+        self.tokenizer = engine.get_tokenizer()
+        self.max_model_len = engine.model_config.max_model_len
+        self.state = "ready"
+        log.info("engine ready in %.1f s (max_model_len %d)", time.monotonic() - started,
+                 self.max_model_len)
+
+    def _fail(self, why: str) -> None:
+        self.failure = why
+        self.state = "failed"
+
+    @property
+    def dead_error(self) -> str | None:
+        """Why the engine cannot serve, once it could (None while healthy or loading)."""
+        if self.state == "failed":
+            return self.failure
+        engine = self.engine
+        if engine is not None and engine.errored:
+            return str(engine.dead_error)
+        return None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready" and not self.engine.errored
+
+    def shutdown(self) -> None:
+        engine, self.engine = self.engine, None
+        self.state = "stopped"
+        if engine is not None:
+            engine.shutdown()
+        if self._loop is not None and self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    # -- requests ---------------------------------------------------------------------------
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        with self._tokenizer_lock:      # HF fast tokenizers are not safe to share across threads
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=True)
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def tokenize(self, prompt: str) -> list[int]:
+        with self._tokenizer_lock:
+            return list(self.tokenizer.encode(prompt))
+
+    def decode_one(self, token_id: int) -> str:
+        with self._tokenizer_lock:
+            return self.tokenizer.decode([token_id])
+
+    def submit(self, prompt_token_ids: list[int], sampling: dict[str, Any],
+               stream: bool) -> Generation:
+        """Start generating; returns at once. ValueError: the engine rejected the request."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        if not self.ready:
+            raise EngineUnavailable(self.dead_error or "the engine is still loading")
+        params = SamplingParams(
+            **sampling,
+            output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
+        generation = Generation(self, len(prompt_token_ids))
+        request_id = uuid.uuid4().hex
+
+        async def add() -> None:
+            collector = await self.engine.add_request(
+                request_id, {"prompt_token_ids": prompt_token_ids}, params)
+            generation._attach(collector)
+
+        asyncio.run_coroutine_threadsafe(add(), self._loop).result()
+        return generation
+
+    def abort(self, request_id: str) -> None:
+        engine, loop = self.engine, self._loop
+        if engine is not None and loop is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(engine.abort(request_id, internal=True), loop)

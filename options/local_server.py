@@ -1,0 +1,136 @@
+"""Run the bring-your-own server (``containers/byo-vllm/serve``, the image's own entrypoint)
+as a local subprocess: what levels 3-5 use for ``--target local``, and what the tests start.
+
+    with LocalServer({"HF_MODEL_ID": str(tiny_model_dir())}) as server:
+        server.wait_ready(120)
+        requests.post(server.url + "/v1/completions", json={...})
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Mapping
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SERVE_SCRIPT = REPO_ROOT / "containers" / "byo-vllm" / "serve"
+# The CPU engine reserves most of a NUMA node for its KV cache unless told otherwise.
+DEFAULT_CPU_KVCACHE_GIB = "1"
+
+
+class ServerFailed(RuntimeError):
+    """The server exited or never became ready; the message carries the end of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalServer:
+    def __init__(self, env: Mapping[str, str], port: int | None = None,
+                 log_path: str | os.PathLike | None = None,
+                 python: str | None = None) -> None:
+        self.env = dict(env)
+        self.port = port or free_port()
+        self.log_path = Path(log_path) if log_path else None
+        self.python = python or sys.executable
+        self.process: subprocess.Popen | None = None
+        self._log_file = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        return [self.python, str(SERVE_SCRIPT), "serve"]
+
+    def start(self) -> "LocalServer":
+        env = dict(os.environ)
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", DEFAULT_CPU_KVCACHE_GIB)
+        env.update(self.env)
+        env["SAGEMAKER_BIND_TO_PORT"] = str(self.port)
+        env.setdefault("SPECTRUM_SERVER_HOST", "127.0.0.1")
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self._log_file = open(self.log_path, "wb")
+            out = self._log_file
+        else:
+            out = None                      # inherit: the server logs to our stderr
+        self.process = subprocess.Popen(self.command(), env=env, stdout=out,
+                                        stderr=subprocess.STDOUT if out else None,
+                                        start_new_session=True)
+        return self
+
+    def ping(self, timeout_s: float = 2.0) -> str:
+        """``"ready"``, ``"loading"`` (503) or ``"down"`` (no answer)."""
+        try:
+            with urllib.request.urlopen(self.url + "/ping", timeout=timeout_s) as r:
+                return "ready" if r.status == 200 else f"http {r.status}"
+        except urllib.error.HTTPError as e:
+            return "loading" if e.code == 503 else f"http {e.code}"
+        except (urllib.error.URLError, OSError):
+            return "down"
+
+    def wait_ready(self, timeout_s: float = 300.0,
+                   on_progress: Callable[[float, str], None] | None = None) -> None:
+        """Polls /ping until 200; ServerFailed if the server exits or time runs out."""
+        started = time.monotonic()
+        while True:
+            state = self.ping()
+            elapsed = time.monotonic() - started
+            if on_progress is not None:
+                on_progress(elapsed, state)
+            if state == "ready":
+                return
+            code = self.process.poll() if self.process else None
+            if code is not None:
+                raise ServerFailed(f"the server exited with code {code} before it was ready"
+                                   + self._log_tail())
+            if elapsed > timeout_s:
+                raise ServerFailed(f"the server was not ready after {timeout_s:.0f} s "
+                                   f"(last /ping: {state})" + self._log_tail())
+            time.sleep(0.25)
+
+    def stop(self, timeout_s: float = 30.0) -> int | None:
+        """SIGTERM, wait up to ``timeout_s`` (then SIGKILL); returns the exit code."""
+        proc = self.process
+        if proc is None:
+            return None
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        # The engine's processes are in the server's session: none may outlive it.
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        return proc.returncode
+
+    def _log_tail(self, lines: int = 40) -> str:
+        if self.log_path is None or not self.log_path.is_file():
+            return ""
+        if self._log_file is not None:
+            self._log_file.flush()
+        tail = self.log_path.read_text(errors="replace").splitlines()[-lines:]
+        return "\n--- server log (last lines) ---\n" + "\n".join(tail)
+
+    def __enter__(self) -> "LocalServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
