@@ -1,0 +1,361 @@
+"""python -m cost {prices,breakeven,compare,recommend}: which rung is cheapest for your traffic.
+
+Exit codes: 0 ok, 1 failure (e.g. the Price List API unreachable), 2 bad input.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, Callable
+
+from options.plan import BadInput
+
+Handler = Callable[[argparse.Namespace], "tuple[dict[str, Any], Callable[[dict[str, Any]], None]]"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        data, render = args.handler(args)
+    except BadInput as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a failure, not bad input: one line, no traceback unless asked for
+        if os.environ.get("SPECTRUM_DEBUG"):
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    try:
+        if args.json:
+            print(json.dumps(data, indent=2, ensure_ascii=False))
+        else:
+            render(data)
+    except BrokenPipeError:  # `| head` closed the pipe: not an error of ours
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return 0
+
+
+# --- argument parsing -------------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
+    common.add_argument("--prices", metavar="FILE",
+                        help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
+    parser = argparse.ArgumentParser(
+        prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend}")
+
+    p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
+    p.add_argument("--kind", choices=("all", "bedrock", "instance", "eks"), default="all")
+    p.add_argument("--filter", metavar="TEXT", help="keep rows whose name, model id or GPU contains TEXT")
+    p.add_argument("--gpu", metavar="TYPE", help="keep instances with this GPU (A10G, L4, L40S, A100, H100, ...)")
+    p.add_argument("--min-gpu-memory", type=float, metavar="GB", help="keep instances with at least this much GPU memory in total")
+    p.add_argument("--refresh", action="store_true", help="rebuild the table from the AWS Price List API")
+    p.add_argument("--region", default="us-east-1", help="region to price with --refresh (default us-east-1)")
+    p.add_argument("--out", metavar="FILE", help="where --refresh writes (default cost/data/prices-<today>.json)")
+    p.set_defaults(handler=cmd_prices)
+
+    b = sub.add_parser("breakeven", parents=[common], help="parity throughput of one replica against per-token prices",
+                       description="Raw form: --instance-price USD/h --token-price USD/1M. Full form: --model ID "
+                                   "--instance TYPE [--platform] [--mix] [--utilization] [--discount] "
+                                   "[--capacity TOK_S | --bench FILE].")
+    b.add_argument("--instance-price", type=float, metavar="USD_PER_HOUR", help="hourly price of one replica (raw form)")
+    b.add_argument("--token-price", type=float, metavar="USD_PER_1M", help="one per-token price for every token (raw form)")
+    add_pricing_args(b)
+    b.add_argument("--utilization", type=float, default=1.0, metavar="U",
+                   help="share of each hour the replica serves at its capacity, in (0, 1] (default 1)")
+    add_capacity_args(b, repeat=False)
+    b.set_defaults(handler=cmd_breakeven)
+
+    c = sub.add_parser("compare", parents=[common], help="one traffic profile priced on every rung")
+    add_pricing_args(c)
+    add_traffic_args(c)
+    add_capacity_args(c, repeat=True)
+    c.add_argument("--plot", metavar="FILE.png", help="draw monthly cost against monthly tokens for every rung")
+    c.set_defaults(handler=cmd_compare)
+
+    r = sub.add_parser("recommend", parents=[common], help="which rung, why, and what would flip it")
+    from cost.recommend import REQUIREMENTS
+    tree = r.add_argument_group("the decision tree (each flag is a requirement that pushes the rung up)")
+    for dest, level, why in REQUIREMENTS:
+        tree.add_argument("--" + dest.replace("_", "-"), dest=dest, action="store_true", help=f"{why} (rung >= {level})")
+    add_pricing_args(r)
+    add_traffic_args(r)
+    add_capacity_args(r, repeat=True)
+    r.add_argument("--min-savings", type=float, default=25.0, metavar="PCT",
+                   help="climb past the tree's rung only if that saves at least PCT %% a month (default 25)")
+    r.set_defaults(handler=cmd_recommend)
+    return parser
+
+
+def add_pricing_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", metavar="ID", help="Bedrock model id (e.g. qwen.qwen3-32b-v1:0; us./eu./global. profiles accepted)")
+    p.add_argument("--instance", metavar="TYPE", help="instance type, ml.g6e.xlarge or g6e.xlarge")
+    p.add_argument("--platform", choices=("sagemaker", "ec2"), default="sagemaker",
+                   help="which hourly price (breakeven; compare prices rungs 2-5 on SageMaker and 6 on EC2)")
+    p.add_argument("--mix", metavar="IN:OUT", help="input:output tokens, e.g. 3:1, or summarization, rag, chat, balanced, generation (default chat 3:1)")
+    p.add_argument("--discount", type=float, default=0.0, metavar="PCT",
+                   help="discount on the hourly price (savings plan, reserved), in [0, 100) %%")
+    p.add_argument("--tier", choices=("on_demand", "batch", "flex", "priority"), default="on_demand",
+                   help="Bedrock service tier (default on_demand)")
+
+
+def add_traffic_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("traffic (input + output tokens)")
+    g.add_argument("--avg", type=float, metavar="TOK_S", help="average tokens/s while active")
+    g.add_argument("--peak", type=float, metavar="TOK_S", help="peak tokens/s (default: the average)")
+    g.add_argument("--tokens-per-month", type=float, metavar="N", help="monthly tokens instead of --avg")
+    g.add_argument("--hours-per-day", type=float, default=24.0, metavar="H", help="active hours a day, in (0, 24] (default 24)")
+    g.add_argument("--min-replicas", type=int, default=1, metavar="N", help="replicas kept running at all times (default 1)")
+    g.add_argument("--eks-extended-support", action="store_true", help="price the EKS control plane on extended support")
+
+
+def add_capacity_args(p: argparse.ArgumentParser, repeat: bool) -> None:
+    g = p.add_mutually_exclusive_group() if not repeat else p
+    g.add_argument("--capacity", type=float, metavar="TOK_S",
+                   help="output tokens/s one replica sustains at your latency target")
+    g.add_argument("--bench", metavar="FILE", action="append" if repeat else "store",
+                   help="bench JSON from `python -m options.bench --json FILE`: its measured output tok/s is the capacity"
+                        + (" (repeatable: each applies to the level it measured)" if repeat else ""))
+
+
+# --- subcommands --------------------------------------------------------------------------------
+
+def table_from(args) -> "Any":
+    from cost.prices import load_prices
+    return load_prices(args.prices)
+
+
+def cmd_prices(args):
+    from cost import render
+    from cost.prices import UnknownName, as_dict
+
+    table = table_from(args)
+    if args.refresh:
+        return refresh_table(args, table)
+    rows = {"bedrock": table.bedrock_models(), "instances": table.instances(), "eks": table.eks_fees()}
+    keep = {"all": ("bedrock", "instances", "eks"), "bedrock": ("bedrock",), "instance": ("instances",),
+            "eks": ("eks",)}[args.kind]
+    rows = {k: v for k, v in rows.items() if k in keep}
+    if args.filter:
+        needle = args.filter.lower()
+        rows = {k: [r for r in v if needle in " ".join(str(getattr(r, a, "")) for a in
+                                                       ("model_id", "name", "gpu_type")).lower()]
+                for k, v in rows.items()}
+    if args.gpu:
+        gpus = sorted({i.gpu_type for i in table.instances()})
+        if args.gpu.lower() not in (g.lower() for g in gpus):
+            raise BadInput(f"no instance has GPU {args.gpu!r}: known GPU types: {', '.join(gpus)}")
+        rows = {k: [r for r in v if getattr(r, "gpu_type", "").lower() == args.gpu.lower()] for k, v in rows.items()
+                if k == "instances"}
+    if args.min_gpu_memory is not None:
+        rows = {k: [r for r in v if r.total_gpu_memory_gb >= args.min_gpu_memory] for k, v in rows.items()
+                if k == "instances"}
+    if not any(rows.values()):
+        if args.filter:
+            known = [r.model_id for r in table.bedrock_models()] + [i.name for i in table.instances()]
+            raise UnknownName("name", args.filter, known)
+        largest = max(table.instances(), key=lambda i: i.total_gpu_memory_gb)
+        raise BadInput(f"no instance{' with GPU ' + args.gpu if args.gpu else ''} has {args.min_gpu_memory:g} GB of "
+                       f"GPU memory or more: the largest is {largest.name} with {largest.total_gpu_memory_gb:g} GB")
+    data = {"as_of": table.as_of, "region": table.region, "path": str(table.path),
+            **{k: [as_dict(r) for r in v] for k, v in rows.items()}}
+    return data, render.prices
+
+
+def refresh_table(args, table):
+    import boto3
+
+    from cost import refresh, render
+    client = boto3.client("pricing", region_name=refresh.PRICING_ENDPOINT_REGION)
+    progress = None if args.json else (lambda message: print(f"  reading {message} ...", file=sys.stderr))
+    doc, report = refresh.refresh(client, table, region=args.region, progress=progress)
+    refresh.write(doc, report, args.out)
+    return {"refresh": report.to_json()}, render.refresh
+
+
+def resolve_capacity(args, bench_level_ok: Callable[[int | None], None] | None = None):
+    """(default Capacity or None, {level: Capacity}) from --capacity and --bench."""
+    from cost.bench import load_bench
+    from cost.breakeven import check_capacity
+
+    default = check_capacity(args.capacity) if args.capacity is not None else None
+    by_level = {}
+    benches = args.bench if isinstance(args.bench, list) else ([args.bench] if args.bench else [])
+    for path in benches:
+        cap = load_bench(path)
+        level = cap.measured_at.get("level")
+        if bench_level_ok:
+            bench_level_ok(level)
+        if level in by_level:
+            raise BadInput(f"two bench files measured level {level}: give one per level")
+        by_level[level] = cap
+        if default is None:
+            default = cap
+    return default, by_level
+
+
+def capacity_notes(cap, mix) -> list[str]:
+    notes = [f"capacity: {cap.describe()}"]
+    m = cap.measured_at
+    if m:
+        if m.get("target") in ("local", "emulator"):
+            notes.append(f"the bench ran on target {m.get('target')!r}, not on the priced instance: "
+                         f"rerun it against the real endpoint before trusting the answer")
+        if mix is not None:
+            notes.append("measured output tok/s is converted to input+output tok/s at the traffic's mix, "
+                         "assuming decoding limits the replica")
+            measured = m.get("measured_mix")
+            if measured:
+                ratio = float(measured.split(":")[0]) / (mix.input / mix.output)
+                if ratio > 2 or ratio < 0.5:
+                    notes.append(f"the bench ran at {measured} input:output but the traffic is {mix.label}: "
+                                 f"capacity may differ at the real mix")
+    return notes
+
+
+def cmd_breakeven(args):
+    from cost import render
+    from cost.breakeven import (BreakEven, apply_discount, blended_price, check_price, check_utilization,
+                                parse_mix)
+
+    u = check_utilization(args.utilization)
+    assumptions: list[str] = []
+    inputs: dict[str, Any] = {}
+    if args.model and args.token_price is not None:
+        raise BadInput("give either --model (a Bedrock model's prices) or --token-price, not both")
+    if args.instance and args.instance_price is not None:
+        raise BadInput("give either --instance (its listed hourly price) or --instance-price, not both")
+    if not (args.model or args.token_price is not None) or not (args.instance or args.instance_price is not None):
+        raise BadInput("breakeven needs a per-token price and an hourly price: raw form --instance-price USD_PER_HOUR "
+                       "--token-price USD_PER_1M, or full form --model ID --instance TYPE")
+    table = table_from(args) if (args.model or args.instance) else None
+    mix = None
+    if args.model:
+        mix = parse_mix(args.mix)
+        price = table.bedrock(args.model)
+        p_in, p_out = price.per_million(args.tier)
+        blended = blended_price(p_in, p_out, mix)
+        inputs.update(model_id=price.model_id, tier=args.tier, input_per_million=p_in, output_per_million=p_out)
+        assumptions.append(f"Bedrock {price.model_id} ({args.tier}): ${p_in:g} input / ${p_out:g} output per 1M tokens "
+                           f"(as of {price.as_of}; {price.source})")
+        assumptions.append(f"mix {mix.label} input:output tokens -> blended ${blended:.6g} per 1M tokens")
+    else:
+        if args.mix:
+            raise BadInput("--mix needs --model: a single --token-price has no input/output split")
+        blended = check_price("token price", args.token_price, 1000.0)
+        inputs["token_price_per_million"] = blended
+        assumptions.append(f"${blended:g} per 1M tokens applies to every token (the course prices input tokens only)")
+    if args.instance:
+        inst = table.instance(args.instance)
+        listed = inst.hourly(args.platform)
+        name = inst.sagemaker_name if args.platform == "sagemaker" else inst.name
+        inputs.update(instance_type=name, platform=args.platform, listed_hourly=listed)
+        assumptions.append(f"{name} on {args.platform}: ${listed:g}/h on-demand (as of {inst.as_of}; {inst.source})")
+    else:
+        listed = check_price("instance price", args.instance_price, 1000.0)
+        inputs["instance_price_per_hour"] = listed
+        assumptions.append(f"${listed:g} per hour for the replica")
+    hourly = apply_discount(listed, args.discount)
+    if args.discount:
+        assumptions.append(f"discount {args.discount:g} % -> ${hourly:.6g}/h")
+    inputs.update(utilization=u, discount_pct=args.discount)
+    assumptions.append(f"utilisation {u:.0%}: the share of each hour the replica serves at full throughput")
+    assumptions.append("one replica on one instance, no autoscaling floor; storage, data transfer, load balancers "
+                       "and engineering time are not counted")
+    default, _ = resolve_capacity(args)
+    if default is not None:
+        assumptions += capacity_notes(default, mix)
+    result = BreakEven(hourly, blended, u, mix, default, assumptions, inputs)
+    return result.to_json(), render.breakeven
+
+
+def fleet_inputs(args, need_capacity: bool = True):
+    """(table, price, traffic, fleets, assumptions) for compare and recommend."""
+    from cost.breakeven import check_discount, parse_mix
+    from cost.fleet import build_fleets, make_traffic
+
+    if not args.model or not args.instance:
+        raise BadInput("give --model (the Bedrock model to compare against) and --instance (the instance a "
+                       "self-hosted replica runs on)")
+    table = table_from(args)
+    price = table.bedrock(args.model)
+    price.per_million(args.tier)
+    inst = table.instance(args.instance)
+    check_discount(args.discount)
+    mix = parse_mix(args.mix)
+    traffic, notes = make_traffic(mix, args.avg, args.peak, args.tokens_per_month, args.hours_per_day)
+
+    def level_ok(level):
+        if level not in (2, 3, 4, 5, 6):
+            raise BadInput(f"a bench of level {level!r} cannot size a self-hosted fleet: use one measured on "
+                           f"level 2-6 (Bedrock's throughput is not an instance's capacity)")
+    default, by_level = resolve_capacity(args, level_ok)
+    if default is None:
+        raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
+                       "(from `python -m options.bench --json FILE`)")
+    fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount,
+                          "control_plane_extended_support" if args.eks_extended_support else "control_plane")
+    assumptions = [
+        f"Bedrock {price.model_id} ({args.tier}), prices as of {price.as_of}; {price.source}",
+        f"traffic: {traffic.avg_tokens_per_second:,.1f} tok/s average, {traffic.peak_tokens_per_second:,.1f} peak, "
+        f"{traffic.hours_per_day:g} h/day -> {traffic.tokens_per_month:,.0f} tokens/month at mix {mix.label}",
+        *notes,
+        f"{inst.name}: SageMaker ${inst.sagemaker_hourly}/h (rungs 2-5), EC2 ${inst.ec2_hourly}/h (rung 6), "
+        f"as of {inst.as_of}" + (f", less {args.discount:g} %" if args.discount else ""),
+        f"one replica = one instance; replicas = max({args.min_replicas}, ceil(peak / capacity)) while active, "
+        f"{args.min_replicas} the rest of the day",
+        f"rung 6 adds the EKS control plane (${table.eks_fee('control_plane_extended_support' if args.eks_extended_support else 'control_plane').hourly:g}/h); "
+        f"system nodes, load balancers, storage, data transfer and engineering time are not counted on any rung",
+        "rungs 2-5 bill the same SageMaker instance-hours; they differ in what you build and run, and in "
+        "capacity only where a bench per level says so",
+    ]
+    for level in sorted(by_level):
+        assumptions += [f"rung {level} " + n for n in capacity_notes(by_level[level], mix)]
+    if not by_level:
+        assumptions += capacity_notes(default, mix)
+    elif len(by_level) < 5:
+        assumptions.append(f"rungs without their own bench use the capacity from {default.origin}")
+    return table, price, traffic, fleets, assumptions
+
+
+def cmd_compare(args):
+    from cost import render
+    from cost.fleet import compare
+
+    _, price, traffic, fleets, assumptions = fleet_inputs(args)
+    data = compare(traffic, price, fleets, args.tier)
+    if args.plot:
+        from cost.plot import plot_compare
+        data["plot"] = str(plot_compare(args.plot, traffic, price, fleets, args.tier))
+    data["assumptions"] = assumptions
+    return data, render.compare
+
+
+def cmd_recommend(args):
+    from cost import render
+    from cost.breakeven import check_range
+    from cost.recommend import REQUIREMENTS, Requirements, recommend
+
+    check_range("min savings", args.min_savings, 0.0, 100.0, unit=" %")
+    req = Requirements({dest: getattr(args, dest) for dest, _, _ in REQUIREMENTS})
+    has_traffic = any(v is not None for v in (args.avg, args.tokens_per_month))
+    assumptions: list[str] = []
+    if has_traffic:
+        _, price, traffic, fleets, assumptions = fleet_inputs(args)
+        data = recommend(req, price, traffic, fleets, args.min_savings, args.tier)
+    else:
+        if args.model:
+            table_from(args).bedrock(args.model)  # still catch a misspelt model id
+        assumptions.append("no traffic given: the answer follows the decision tree alone")
+        data = recommend(req, min_savings_pct=args.min_savings)
+    data["assumptions"] = assumptions
+    return data, render.recommend
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Monthly cost against monthly tokens for every rung, with the break-even points marked.
+
+matplotlib is imported here only, with the Agg backend, so no CLI pays for it unless it plots.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cost.fleet import Fleet, Traffic, bedrock_cost
+from cost.prices import TokenPrice
+from cost.render import tokens
+from options.plan import BadInput
+
+# Colours per rung group, readable on white and in greyscale print.
+COLOURS = {1: "#1f77b4", "sagemaker": "#d62728", 6: "#2ca02c"}
+
+
+def volumes(traffic: Traffic, points: int = 400) -> list[float]:
+    """Log-spaced monthly volumes spanning three decades either side of the profile's."""
+    import math
+
+    centre = math.log10(traffic.tokens_per_month)
+    low, high = max(3.0, centre - 3), centre + 3
+    return [10 ** (low + (high - low) * i / (points - 1)) for i in range(points)]
+
+
+def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: list[Fleet],
+                 tier: str = "on_demand") -> Path:
+    path = Path(path)
+    if path.suffix.lower() != ".png":
+        raise BadInput(f"plot file {str(path)!r} must end in .png")
+    if not path.parent.exists():
+        raise BadInput(f"plot folder {str(path.parent)!r} does not exist")
+    try:
+        import matplotlib
+    except ImportError:
+        raise BadInput("plotting needs matplotlib: pip install 'spectrum[plot]'") from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    xs = volumes(traffic)
+    shapes = [traffic.scaled_to(v) for v in xs]
+    blended = bedrock_cost(traffic, price, tier).per_million_usd
+    fig, ax = plt.subplots(figsize=(10, 6.5), dpi=110)
+    ax.plot(xs, [v * blended / 1e6 for v in xs], color=COLOURS[1], lw=2.2,
+            label=f"1 Bedrock {price.model_id} (${blended:.4g}/1M blended, {traffic.mix.label})")
+
+    # Rungs 2-5 share SageMaker prices: draw one line unless their capacities differ.
+    groups: dict[tuple, list[Fleet]] = {}
+    for fleet in fleets:
+        key = (fleet.platform, fleet.hourly, fleet.capacity.output_tokens_per_second, fleet.fixed_monthly)
+        groups.setdefault(key, []).append(fleet)
+    for index, fleets_in_group in enumerate(groups.values()):
+        fleet = fleets_in_group[0]
+        levels = [f.level for f in fleets_in_group]
+        label_levels = f"{levels[0]}-{levels[-1]}" if len(levels) > 1 else str(levels[0])
+        colour = COLOURS[6] if fleet.level == 6 else COLOURS["sagemaker"]
+        where = ("EC2 + EKS control plane" if fleet.level == 6 else "SageMaker")
+        volume = fleet.breakeven_tokens_per_month(traffic, blended)
+        ax.step(xs, [fleet.monthly(s) for s in shapes], where="post", color=colour, lw=2,
+                linestyle="-" if fleet.level != 6 else "--",
+                label=f"{label_levels} {where}: {fleet.instance.name} "
+                      f"${fleet.hourly:.4g}/h/replica, {fleet.capacity.output_tokens_per_second:,.0f} out tok/s"
+                      + ("" if volume is not None else " (never breaks even)"))
+        if volume is not None and xs[0] <= volume <= xs[-1]:
+            cost = volume * blended / 1e6
+            ax.plot([volume], [cost], marker="o", ms=9, color=colour, markeredgecolor="black", zorder=5)
+            ax.annotate(f"break-even rung {label_levels}: {tokens(volume)} tokens/month, ${cost:,.0f}/month",
+                        (volume, cost), textcoords="offset points", xytext=(20, -40 - 28 * index), fontsize=8,
+                        arrowprops={"arrowstyle": "-", "color": colour})
+    ax.axvline(traffic.tokens_per_month, color="grey", linestyle=":", lw=1.5)
+    ax.annotate(f"this profile\n{tokens(traffic.tokens_per_month)} tokens/month", (traffic.tokens_per_month, 1),
+                xycoords=("data", "axes fraction"), xytext=(4, -28), textcoords="offset points",
+                fontsize=8, color="dimgrey")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("tokens per month (input + output)")
+    ax.set_ylabel("cost per month (USD)")
+    ax.set_title(f"Monthly cost by rung: peak/avg {traffic.peak_to_average:.2g}x, "
+                 f"{traffic.hours_per_day:g} h/day active, prices as of {price.as_of}")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path

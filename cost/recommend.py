@@ -1,0 +1,127 @@
+"""Which rung: the course's decision tree, weighed against what each rung would cost.
+
+The tree climbs only as far as a requirement forces it (each rung up is more to build and run):
+only need the output -> 1; must run in your account -> 2; the model or its config is not a
+JumpStart one-click -> 3; the serving code must change -> 4; a custom image -> 5; you must own
+the infrastructure -> 6. Cost can then move the answer up, but only when the saving is worth it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from cost.fleet import DAYS_PER_MONTH, Fleet, Traffic, bedrock_cost, compare
+from cost.prices import TokenPrice
+from options.spectrum import RUNGS
+
+# (flag dest, lowest rung that satisfies it, why, in the course's words)
+REQUIREMENTS: tuple[tuple[str, int, str], ...] = (
+    ("own_account", 2, "the model must run in your own AWS account"),
+    ("not_on_bedrock", 2, "the model is not offered on Bedrock"),
+    ("custom_model", 3, "your model or its serving configuration is not a JumpStart one-click deploy"),
+    ("custom_serving_code", 4, "the serving code (pre/post-processing, loading, batching) must change"),
+    ("custom_image", 5, "you need your own serving image (CUDA, Python, engine, server)"),
+    ("own_infrastructure", 6, "you must own the infrastructure (cluster, nodes, autoscaling)"),
+)
+
+
+@dataclass
+class Requirements:
+    flags: dict[str, bool]
+
+    @property
+    def floor(self) -> int:
+        return max([1] + [level for dest, level, _ in REQUIREMENTS if self.flags.get(dest)])
+
+    def reasons(self) -> list[str]:
+        return [f"{why} -> rung {level} or above" for dest, level, why in REQUIREMENTS if self.flags.get(dest)]
+
+    def without(self, dest: str) -> "Requirements":
+        return Requirements({k: v for k, v in self.flags.items() if k != dest})
+
+
+def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traffic | None = None,
+              fleets: list[Fleet] | None = None, min_savings_pct: float = 25.0,
+              tier: str = "on_demand") -> dict[str, Any]:
+    floor = req.floor
+    why = req.reasons() or ["you only need the model's output: nothing forces you past Bedrock"]
+    flip: list[str] = []
+    costs = None
+    level = floor
+    if price is not None and traffic is not None and fleets:
+        costs = compare(traffic, price, fleets, tier)
+        monthly = {r["level"]: r["monthly_usd"] for r in costs["rungs"]}
+        feasible = {lvl: usd for lvl, usd in monthly.items() if lvl >= floor}
+        cheapest = min(feasible, key=lambda lvl: (feasible[lvl], lvl))
+        saving = (feasible[floor] - feasible[cheapest]) / feasible[floor] if feasible[floor] else 0.0
+        if cheapest != floor and saving * 100 >= min_savings_pct:
+            level = cheapest
+            why.append(f"rung {cheapest} costs ${feasible[cheapest]:,.2f}/month against ${feasible[floor]:,.2f} "
+                       f"on rung {floor}: a {saving:.0%} saving, above the {min_savings_pct:g} % that pays "
+                       f"for running more yourself")
+        elif cheapest != floor:
+            why.append(f"rung {cheapest} would be {saving:.0%} cheaper (${feasible[cheapest]:,.2f} vs "
+                       f"${feasible[floor]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
+        else:
+            why.append(f"it is also the cheapest allowed rung: ${feasible[level]:,.2f}/month for "
+                       f"{traffic.tokens_per_month:,.0f} tokens/month")
+        flip += _cost_flips(level, floor, traffic, price, fleets, tier, min_savings_pct)
+    elif floor == 1:
+        flip.append("give the traffic (--avg or --tokens-per-month) and a capacity (--capacity or --bench) "
+                    "to weigh self-hosting against the per-token price")
+    for dest, req_level, _ in REQUIREMENTS:
+        if req.flags.get(dest) and req.without(dest).floor < floor:
+            flip.append(f"without --{dest.replace('_', '-')}, the tree would stop at rung "
+                        f"{req.without(dest).floor} ({RUNGS[req.without(dest).floor - 1].name})")
+    out = {"level": level, "rung": RUNGS[level - 1].name, "tree_level": floor, "why": why, "flip": flip,
+           "min_savings_pct": min_savings_pct}
+    if costs is not None:
+        out["costs"] = costs
+    return out
+
+
+def _cost_flips(level: int, floor: int, traffic: Traffic, price: TokenPrice, fleets: list[Fleet],
+                tier: str, min_savings_pct: float) -> list[str]:
+    flips = []
+    blended = bedrock_cost(traffic, price, tier).per_million_usd
+    sagemaker = [f for f in fleets if f.level != 6 and f.level >= floor]
+    if floor == 1 and sagemaker:
+        fleet = sagemaker[0]
+        volume = fleet.breakeven_tokens_per_month(traffic, blended)
+        bedrock_monthly = traffic.tokens_per_month * blended / 1e6
+        if level == 1:
+            if volume is None:
+                flips.append(f"no volume makes rung {fleet.level} cheaper at {fleet.capacity.output_tokens_per_second:,.0f} "
+                             f"output tok/s per replica: the replica is too slow for its price")
+            else:
+                flips.append(f"traffic above {volume:,.3g} tokens/month (now {traffic.tokens_per_month:,.3g}) makes rung "
+                             f"{fleet.level} cheaper than Bedrock; it is recommended once it saves {min_savings_pct:g} %")
+            need = _capacity_to_match(fleet, traffic, bedrock_monthly)
+            if need is not None:
+                flips.append(f"a replica sustaining {need:,.0f} output tok/s or more (now "
+                             f"{fleet.capacity.output_tokens_per_second:,.0f}) would make rung {fleet.level} "
+                             f"cost no more than Bedrock at this traffic")
+        elif volume is not None:
+            flips.append(f"traffic below {volume:,.3g} tokens/month (now {traffic.tokens_per_month:,.3g}) makes "
+                         f"Bedrock cheaper again")
+    eks = next((f for f in fleets if f.level == 6), None)
+    if eks is not None and level != 6 and floor <= 6:
+        chosen = next((f for f in fleets if f.level == level), None)
+        if chosen is not None:
+            delta = chosen.monthly(traffic) - eks.monthly(traffic)
+            if delta > 0:
+                flips.append(f"rung 6 (EC2 + EKS) would cost ${delta:,.2f}/month less than rung {level}: worth it "
+                             f"only if running the cluster costs you less than that")
+    return flips
+
+
+def _capacity_to_match(fleet: Fleet, traffic: Traffic, budget_monthly: float) -> float | None:
+    """Output tok/s per replica at which the fleet's monthly cost fits within ``budget_monthly``."""
+    idle = (24 - traffic.hours_per_day) * DAYS_PER_MONTH
+    spare = budget_monthly - fleet.fixed_monthly - fleet.hourly * fleet.min_replicas * idle
+    replicas = math.floor(spare / (fleet.hourly * traffic.active_hours_per_month))
+    if replicas < fleet.min_replicas:
+        return None
+    total_per_replica = traffic.peak_tokens_per_second / replicas
+    return total_per_replica * traffic.mix.output_share
