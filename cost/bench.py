@@ -70,13 +70,17 @@ def measured_at(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _lengths(spec: Any) -> str:
+    """The bench's length distributions: fixed {value}, uniform {low, high}, jsonl {path, mean}."""
     if not isinstance(spec, dict):
         return "?"
     kind = spec.get("kind")
     if kind == "fixed":
-        return f"{spec.get('tokens', spec.get('value', '?'))} tokens"
+        return f"{spec.get('value')} tokens"
     if kind == "uniform":
-        return f"{spec.get('min', '?')}-{spec.get('max', '?')} tokens"
+        return f"{spec.get('low')}-{spec.get('high')} tokens"
+    if kind == "jsonl":
+        mean = spec.get("mean")
+        return f"{spec.get('path')} (mean {mean:.0f} tokens)" if isinstance(mean, (int, float)) else str(spec.get("path"))
     return ", ".join(f"{k}={v}" for k, v in spec.items())
 
 

@@ -42,7 +42,7 @@ class Requirements:
 
 
 def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traffic | None = None,
-              fleets: list[Fleet] | None = None, min_savings_pct: float = 25.0,
+              fleets: list[Fleet] | None = None, min_savings_pct: float = 30.0,
               tier: str = "on_demand") -> dict[str, Any]:
     floor = req.floor
     why = req.reasons() or ["you only need the model's output: nothing forces you past Bedrock"]
@@ -53,17 +53,20 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
         costs = compare(traffic, price, fleets, tier)
         monthly = {r["level"]: r["monthly_usd"] for r in costs["rungs"]}
         feasible = {lvl: usd for lvl, usd in monthly.items() if lvl >= floor}
-        cheapest = min(feasible, key=lambda lvl: (feasible[lvl], lvl))
-        saving = (feasible[floor] - feasible[cheapest]) / feasible[floor] if feasible[floor] else 0.0
-        if cheapest != floor and saving * 100 >= min_savings_pct:
-            level = cheapest
-            why.append(f"rung {cheapest} costs ${feasible[cheapest]:,.2f}/month against ${feasible[floor]:,.2f} "
-                       f"on rung {floor}: a {saving:.0%} saving, above the {min_savings_pct:g} % that pays "
-                       f"for running more yourself")
-        elif cheapest != floor:
-            why.append(f"rung {cheapest} would be {saving:.0%} cheaper (${feasible[cheapest]:,.2f} vs "
-                       f"${feasible[floor]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
-        else:
+        # Climb one cheaper rung at a time, and only when the step saves enough to pay for the extra work.
+        for higher in sorted(feasible):
+            if higher <= level or feasible[higher] >= feasible[level]:
+                continue
+            saving = (feasible[level] - feasible[higher]) / feasible[level]
+            if saving * 100 >= min_savings_pct:
+                why.append(f"rung {higher} costs ${feasible[higher]:,.2f}/month against ${feasible[level]:,.2f} on "
+                           f"rung {level}: a {saving:.0%} saving, at least the {min_savings_pct:g} % that pays for "
+                           f"running more yourself")
+                level = higher
+            else:
+                why.append(f"rung {higher} would be {saving:.0%} cheaper (${feasible[higher]:,.2f} vs "
+                           f"${feasible[level]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
+        if level == floor and min(feasible.values()) == feasible[floor]:
             why.append(f"it is also the cheapest allowed rung: ${feasible[level]:,.2f}/month for "
                        f"{traffic.tokens_per_month:,.0f} tokens/month")
         flip += _cost_flips(level, floor, traffic, price, fleets, tier, min_savings_pct)
@@ -92,13 +95,19 @@ def _cost_flips(level: int, floor: int, traffic: Traffic, price: TokenPrice, fle
         bedrock_monthly = traffic.tokens_per_month * blended / 1e6
         if level == 1:
             if volume is None:
-                flips.append(f"no volume makes rung {fleet.level} cheaper at {fleet.capacity.output_tokens_per_second:,.0f} "
-                             f"output tok/s per replica: the replica is too slow for its price")
+                flips.append(f"at this traffic's peak-to-average ratio ({traffic.peak_to_average:.3g}x) no volume makes "
+                             f"rung {fleet.level} cheaper with {fleet.capacity.output_tokens_per_second:,.0f} output "
+                             f"tok/s per replica: replicas sized for the peak sit idle too much of the time")
             else:
                 flips.append(f"traffic above {volume:,.3g} tokens/month (now {traffic.tokens_per_month:,.3g}) makes rung "
                              f"{fleet.level} cheaper than Bedrock; it is recommended once it saves {min_savings_pct:g} %")
             need = _capacity_to_match(fleet, traffic, bedrock_monthly)
-            if need is not None:
+            if need is None:
+                floor_cost = fleet.monthly(traffic.scaled_to(traffic.tokens_per_month * 1e-9))
+                flips.append(f"no replica speed would do at this volume: the {fleet.min_replicas} always-on "
+                             f"replica(s) alone cost ${floor_cost:,.2f}/month against Bedrock's "
+                             f"${bedrock_monthly:,.2f}")
+            else:
                 flips.append(f"a replica sustaining {need:,.0f} output tok/s or more (now "
                              f"{fleet.capacity.output_tokens_per_second:,.0f}) would make rung {fleet.level} "
                              f"cost no more than Bedrock at this traffic")

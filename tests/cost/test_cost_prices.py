@@ -130,3 +130,12 @@ def test_bad_price_file(tmp_path):
     bad.write_text("{}")
     with pytest.raises(BadInput, match="schema"):
         load_prices(bad)
+
+
+def test_the_shipped_file_is_in_the_writer_format(tmp_path):
+    """--refresh writes with dump_prices: the shipped file must read back and re-write byte for byte."""
+    from cost.prices import dump_prices
+
+    shipped = data_files()[-1]
+    again = dump_prices(json.loads(shipped.read_text()), tmp_path / shipped.name)
+    assert again.read_text() == shipped.read_text()
