@@ -1,0 +1,66 @@
+"""The eksctl ClusterConfig: the control plane, a small system node group, and GPU capacity.
+
+GPU nodes come from Karpenter by default (eksctl installs it with its IAM and interruption
+queue); ``--gpu-nodes nodegroup`` adds a tainted GPU managed node group instead.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from infra.eks.spec import ResolvedSpec, pinned
+
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+SYSTEM_NODES = 2
+
+
+def cluster_config(r: ResolvedSpec) -> dict[str, Any]:
+    pool_key, pool_value = r.pool_label
+    system_group = {
+        "name": "system",
+        "instanceType": pinned("system_instance_type"),
+        "amiFamily": "AmazonLinux2023",
+        "minSize": SYSTEM_NODES, "maxSize": SYSTEM_NODES + 1, "desiredCapacity": SYSTEM_NODES,
+        "privateNetworking": True,
+        "volumeSize": 50, "volumeEncrypted": True,
+        "labels": {"spectrum.io/role": "system"},
+    }
+    doc: dict[str, Any] = {
+        "apiVersion": "eksctl.io/v1alpha5",
+        "kind": "ClusterConfig",
+        "metadata": {
+            "name": r.cluster_name, "region": r.region, "version": r.kubernetes_version,
+            "tags": {"spectrum.io/model": r.model.replace("/", "_")[:250],
+                     "karpenter.sh/discovery": r.cluster_name},
+        },
+        "iam": {"withOIDC": True},
+        "addons": [{"name": "vpc-cni"}, {"name": "coredns"}, {"name": "kube-proxy"},
+                   {"name": "eks-pod-identity-agent"}],
+        "cloudWatch": {"clusterLogging": {"enableTypes": ["api", "audit", "authenticator"]}},
+        "managedNodeGroups": [system_group],
+    }
+    if r.gpu_nodes == "karpenter":
+        doc["karpenter"] = {"version": pinned("karpenter"), "createServiceAccount": True,
+                            "withSpotInterruptionQueue": True}
+    else:
+        doc["managedNodeGroups"].append({
+            "name": f"gpu-{r.name}"[:63],
+            "instanceType": r.instance.name,
+            "amiFamily": "AmazonLinux2023",   # eksctl picks the NVIDIA variant for GPU types
+            "minSize": r.nodes_for(r.min_replicas),
+            "maxSize": r.nodes_for(r.max_replicas),
+            "desiredCapacity": r.nodes_for(r.min_replicas),
+            "spot": r.capacity_type == "spot",
+            "privateNetworking": True,
+            "volumeSize": 200, "volumeType": "gp3", "volumeEncrypted": True,  # image + weights
+            "labels": {pool_key: pool_value},
+            "taints": [dict(GPU_TAINT)],
+        })
+    return doc
+
+
+def eksctl_create_command(config_path: str) -> list[str]:
+    return ["eksctl", "create", "cluster", "-f", config_path]
+
+
+def eksctl_delete_command(config_path: str) -> list[str]:
+    return ["eksctl", "delete", "cluster", "-f", config_path, "--wait"]

@@ -1,0 +1,111 @@
+"""The KubeRay alternative (``--engine rayservice``): a RayService whose Serve application is
+``ray.serve.llm:build_openai_app`` with the same model settings as the Deployment.
+
+Ray Serve autoscales the LLM replicas and KubeRay's autoscaler adds GPU worker pods for them,
+so this engine needs no HPA. ``SM_VLLM_*`` options become vLLM ``engine_kwargs``.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+
+from infra.eks.spec import ResolvedSpec, pinned
+from infra.eks.workload import gpu_resources, gpu_toleration, hf_token_env
+
+# Requests one LLM replica should have in flight before Serve adds another (the KubeRay sample).
+TARGET_ONGOING_REQUESTS = 64
+MAX_ONGOING_REQUESTS = 128
+
+
+def _engine_value(text: str) -> Any:
+    """``SM_VLLM_*`` values are strings in env; engine_kwargs want their real types."""
+    value = yaml.safe_load(text) if text != "" else True   # empty value = bare flag (FACTS §3)
+    return value if isinstance(value, (bool, int, float, str)) else text
+
+
+def engine_kwargs(r: ResolvedSpec) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {"tensor_parallel_size": r.tensor_parallel_size}
+    if r.pipeline_parallel_size > 1:
+        kwargs["pipeline_parallel_size"] = r.pipeline_parallel_size
+    if r.max_model_len:
+        kwargs["max_model_len"] = r.max_model_len
+    for key, value in r.options:
+        if key.startswith("SM_VLLM_"):
+            kwargs[key[len("SM_VLLM_"):].lower()] = _engine_value(value)
+    return kwargs
+
+
+def serve_config(r: ResolvedSpec) -> dict[str, Any]:
+    env_vars = {k: v for k, v in r.options if not k.startswith("SM_VLLM_")}
+    llm_config: dict[str, Any] = {
+        "model_loading_config": {"model_id": r.served_model_name, "model_source": r.model},
+        "accelerator_type": r.ray_accelerator_type,
+        "engine_kwargs": engine_kwargs(r),
+        "deployment_config": {
+            "autoscaling_config": {"min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
+                                   "target_ongoing_requests": TARGET_ONGOING_REQUESTS},
+            "max_ongoing_requests": MAX_ONGOING_REQUESTS,
+        },
+    }
+    if env_vars:
+        llm_config["runtime_env"] = {"env_vars": env_vars}
+    return {"applications": [{"name": "llm", "route_prefix": "/",
+                              "import_path": "ray.serve.llm:build_openai_app",
+                              "args": {"llm_configs": [llm_config]}}]}
+
+
+def _ray_container(r: ResolvedSpec, name: str, ports: list[tuple[str, int]],
+                   resources: dict[str, Any]) -> dict[str, Any]:
+    return {"name": name, "image": pinned("ray_llm_image"), "imagePullPolicy": "Always",
+            "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
+            "env": [hf_token_env()],
+            "resources": resources,
+            "securityContext": {"allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "runAsNonRoot": True, "runAsUser": 1000,   # the image's `ray` user
+                                "seccompProfile": {"type": "RuntimeDefault"}},
+            "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+
+
+def ray_service(r: ResolvedSpec) -> dict[str, Any]:
+    pool_key, pool_value = r.pool_label
+    head_resources = {"requests": {"cpu": "2", "memory": "8Gi"},
+                      "limits": {"cpu": "2", "memory": "8Gi"}}
+    pod_labels = r.labels("ray")
+    head = {
+        "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
+        "template": {"metadata": {"labels": pod_labels}, "spec": {
+            "containers": [_ray_container(r, "ray-head", [
+                ("gcs", 6379), ("dashboard", 8265), ("client", 10001), ("serve", 8000),
+                ("metrics", 8080)], head_resources)],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+        }},
+    }
+    worker = {
+        "groupName": "gpu",
+        "replicas": r.min_replicas, "minReplicas": r.min_replicas, "maxReplicas": r.max_replicas,
+        "numOfHosts": 1,
+        "rayStartParams": {},
+        "template": {"metadata": {"labels": pod_labels}, "spec": {
+            "nodeSelector": {pool_key: pool_value},
+            "tolerations": [gpu_toleration()],
+            "terminationGracePeriodSeconds": r.max_request_s + 30,
+            "containers": [_ray_container(r, "ray-worker", [("metrics", 8080)], gpu_resources(r))],
+            "volumes": [{"name": "dshm",
+                         "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_gib}Gi"}}],
+        }},
+    }
+    return {
+        "apiVersion": "ray.io/v1", "kind": "RayService",
+        "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels("ray")},
+        "spec": {
+            "serveConfigV2": yaml.safe_dump(serve_config(r), sort_keys=False),
+            "rayClusterConfig": {
+                "rayVersion": pinned("ray"),
+                "enableInTreeAutoscaling": True,
+                "headGroupSpec": head,
+                "workerGroupSpecs": [worker],
+            },
+        },
+    }

@@ -1,0 +1,202 @@
+"""The model server: the byo-vllm image as a Deployment, its Service, PodDisruptionBudget,
+namespace and service account.
+
+The container is configured exactly as on SageMaker (interface 5): ``HF_MODEL_ID``,
+``SM_NUM_GPUS`` and ``SM_VLLM_*`` engine arguments, plus the user's ``OPTION_*``/``SM_VLLM_*``
+options; the hub token comes only from a Secret through a ``secretKeyRef``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from infra.eks.spec import HF_TOKEN_KEY, HF_TOKEN_SECRET, SERVER_PORT, ResolvedSpec, pinned_versions
+
+CACHE_DIR = "/cache"
+RUN_AS_USER = 10001
+PROBE_PERIOD_S = 10
+
+
+def namespace(r: ResolvedSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": r.namespace, "labels": {
+                "app.kubernetes.io/part-of": "spectrum",
+                # The server runs as a non-root user with no extra privileges.
+                "pod-security.kubernetes.io/enforce": "restricted"}}}
+
+
+def service_account(r: ResolvedSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
+            "automountServiceAccountToken": False}
+
+
+def hf_token_env() -> dict[str, Any]:
+    # Optional: public models need no token, and the pod must not wait for a Secret it won't use.
+    return {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": HF_TOKEN_SECRET, "key": HF_TOKEN_KEY, "optional": True}}}
+
+
+def server_env(r: ResolvedSpec) -> list[dict[str, Any]]:
+    env = [
+        {"name": "HF_MODEL_ID", "value": r.model},
+        {"name": "SM_NUM_GPUS", "value": str(r.gpus_per_replica)},
+        {"name": "SM_VLLM_TENSOR_PARALLEL_SIZE", "value": str(r.tensor_parallel_size)},
+    ]
+    if r.pipeline_parallel_size > 1:
+        env.append({"name": "SM_VLLM_PIPELINE_PARALLEL_SIZE", "value": str(r.pipeline_parallel_size)})
+    if r.max_model_len:
+        env.append({"name": "SM_VLLM_MAX_MODEL_LEN", "value": str(r.max_model_len)})
+    env += [{"name": key, "value": value} for key, value in r.options]
+    # The root filesystem is read-only: every cache goes to the writable cache volume.
+    env += [{"name": "HOME", "value": f"{CACHE_DIR}/home"},
+            {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
+            {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+            hf_token_env()]
+    return env
+
+
+def restricted_container_security() -> dict[str, Any]:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
+            "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+            "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def gpu_resources(r: ResolvedSpec) -> dict[str, Any]:
+    # Quantities as strings: the Kubernetes client rejects integer quantities (FACTS §7).
+    amounts = {"cpu": str(r.cpu_per_replica), "memory": f"{r.memory_gib_per_replica}Gi",
+               "nvidia.com/gpu": str(r.gpus_per_replica)}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def gpu_toleration() -> dict[str, Any]:
+    return {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
+
+
+def checkov_skips(r: ResolvedSpec) -> dict[str, str]:
+    """Checkov checks this workload deliberately does not meet, each with its reason."""
+    skips = {
+        "CKV_K8S_35": "the server reads the hub token from HF_TOKEN (huggingface_hub's convention); "
+                      "its value comes only from a secretKeyRef, never from the manifest",
+    }
+    if "@sha256:" not in r.image:
+        skips["CKV_K8S_43"] = ("the image is pinned by a version tag (latest is refused); "
+                               "pass --image repo@sha256:... to pin a digest")
+    return skips
+
+
+def skip_annotations(skips: dict[str, str]) -> dict[str, str]:
+    return {f"checkov.io/skip{i}": f"{check}={why}"
+            for i, (check, why) in enumerate(sorted(skips.items()), start=1)}
+
+
+def deployment(r: ResolvedSpec) -> dict[str, Any]:
+    startup_failures = math.ceil(r.startup_timeout_s / PROBE_PERIOD_S)
+    pool_key, pool_value = r.pool_label
+    container = {
+        "name": "server",
+        "image": r.image,
+        "imagePullPolicy": "Always",
+        "args": ["serve"],     # the SageMaker contract: the image's entrypoint accepts `serve`
+        "ports": [{"name": "http", "containerPort": SERVER_PORT, "protocol": "TCP"}],
+        "env": server_env(r),
+        "resources": gpu_resources(r),
+        # /ping answers 200 only once the model is loaded: allow the whole download + load.
+        "startupProbe": {"httpGet": {"path": "/ping", "port": "http"},
+                         "periodSeconds": PROBE_PERIOD_S, "timeoutSeconds": 2,
+                         "failureThreshold": startup_failures},
+        "readinessProbe": {"httpGet": {"path": "/ping", "port": "http"},
+                           "periodSeconds": 5, "timeoutSeconds": 2, "failureThreshold": 3},
+        # /ping stays fast during long generations; restart only after a minute of silence.
+        "livenessProbe": {"httpGet": {"path": "/ping", "port": "http"},
+                          "periodSeconds": 15, "timeoutSeconds": 5, "failureThreshold": 4},
+        # Keep serving while endpoints drop this pod, then SIGTERM lets requests finish.
+        "lifecycle": {"preStop": {"sleep": {"seconds": 10}}},
+        "securityContext": restricted_container_security(),
+        "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"},
+                         {"name": "cache", "mountPath": CACHE_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
+    pod_spec = {
+        "serviceAccountName": r.name,
+        "automountServiceAccountToken": False,
+        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER,
+                            "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
+        # Longer than the longest request plus the preStop pause, so none is cut off.
+        "terminationGracePeriodSeconds": r.max_request_s + 30,
+        "nodeSelector": {pool_key: pool_value},
+        "tolerations": [gpu_toleration()],
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": r.selector()}},
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": r.selector()}},
+        ],
+        "containers": [container],
+        "volumes": [
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_gib}Gi"}},
+            {"name": "cache", "emptyDir": {"sizeLimit": "150Gi"}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
+        ],
+    }
+    return {
+        "apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels(),
+                     "annotations": skip_annotations(checkov_skips(r))},
+        "spec": {
+            "replicas": r.min_replicas,
+            "revisionHistoryLimit": 3,
+            "selector": {"matchLabels": r.selector()},
+            # A new GPU pod must be Ready before an old one goes: never drop below capacity.
+            "strategy": {"type": "RollingUpdate",
+                         "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "progressDeadlineSeconds": r.startup_timeout_s + 600,
+            "template": {"metadata": {"labels": r.labels()}, "spec": pod_spec},
+        },
+    }
+
+
+def service(r: ResolvedSpec) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
+            "spec": {"type": "ClusterIP", "selector": r.selector(),
+                     "ports": [{"name": "http", "port": SERVER_PORT, "targetPort": "http",
+                                "protocol": "TCP"}]}}
+
+
+def pod_disruption_budget(r: ResolvedSpec) -> dict[str, Any]:
+    # maxUnavailable (not minAvailable): with one replica a node drain can still proceed.
+    return {"apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": r.selector()}}}
+
+
+def _chart_namespace(chart: str) -> str:
+    return next(c["namespace"] for c in pinned_versions()["charts"] if c["name"] == chart)
+
+
+def network_policy(r: ResolvedSpec) -> dict[str, Any]:
+    """Only the edge proxy and Prometheus reach the servers; they reach DNS and HTTPS (hub)."""
+    edge_ns = _chart_namespace("envoy-gateway" if r.edge == "gateway" else "ingress-nginx")
+    from_ns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
+               for ns in (edge_ns, _chart_namespace("kube-prometheus-stack"))]
+    component = "server" if r.engine == "deployment" else "ray"
+    pods = {"app.kubernetes.io/name": r.name, "app.kubernetes.io/component": component}
+    ingress: list[dict[str, Any]] = [{"from": from_ns}]
+    if r.engine == "rayservice":   # Ray's head and workers talk to each other on many ports
+        ingress.append({"from": [{"podSelector": {"matchLabels": pods}}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+        "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
+        "spec": {
+            "podSelector": {"matchLabels": pods},
+            "policyTypes": ["Ingress", "Egress"],
+            "ingress": ingress,
+            "egress": [
+                {"ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]},
+                {"ports": [{"protocol": "TCP", "port": 443}]},      # model hub, S3, ECR
+                {"to": [{"podSelector": {"matchLabels": pods}}]},
+            ],
+        },
+    }

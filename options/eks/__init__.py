@@ -1,0 +1,513 @@
+"""Level 6 — build your own infrastructure: EKS + Karpenter GPU nodes + the byo-vllm image.
+
+    python -m options.deploy --level 6                               render + validate into ./out/eks-llm
+    python -m options.deploy --level 6 --min-replicas 3 --max-replicas 15 --target-cpu 70 --edge nginx
+    python -m options.deploy --level 6 --plan --json                 every document, nothing sent
+    python -m options.deploy --level 6 --target emulator             cluster on moto's EKS, manifests
+                                                                     on an in-memory Kubernetes API
+    python -m options.deploy --level 6 --target aws --image URI      eksctl + kubeconfig, waits for rollout
+
+The stack itself (render, validate, apply) lives in ``infra/eks``; this module maps the CLI
+onto it through the RungModule verbs.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from options.plan import BadInput, Plan, Step
+
+LEVEL = 6
+DEFAULT_OUT = "out"
+DEFAULT_NAME = "llm"
+
+
+@dataclass(frozen=True)
+class Level6Spec:
+    eks: Any                      # infra.eks.spec.EksSpec
+    out_dir: str
+    notes: tuple[str, ...] = ()   # things the CLI filled in for the user
+
+
+@dataclass
+class EksDeployment:
+    kind: str                     # "emulator" | "aws"
+    cluster: str
+    namespace: str
+    name: str
+    endpoint_name: str            # what the deploy CLI prints
+    created: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+    base_url: str | None = None   # the edge's address, once it has one
+    model: str = ""
+    dialect: str = "openai-chat"
+
+
+# ----------------------------------------------------------------------------------- flags
+
+def add_arguments(group: argparse._ArgumentGroup) -> None:
+    g = group
+    g.add_argument("--image", metavar="URI",
+                   help="registry URI of the byo-vllm image, pinned by tag or digest (level 5 pushes "
+                        "it), e.g. --image 123456789012.dkr.ecr.us-east-1.amazonaws.com/spectrum-byo-vllm:0.1.0")
+    g.add_argument("--gpu-type", metavar="GPU",
+                   help="GPU type instead of --instance-type; the cheapest instance with enough of "
+                        "them is used, e.g. --gpu-type L40S")
+    g.add_argument("--gpus-per-replica", type=int, metavar="N",
+                   help="GPUs each server replica uses (default: every GPU of a node), e.g. 4")
+    g.add_argument("--tensor-parallel-size", type=int, metavar="N",
+                   help="tensor-parallel degree; must divide --gpus-per-replica (the rest is "
+                        "pipeline parallel; default: all of them), e.g. 2")
+    g.add_argument("--max-model-len", type=int, metavar="TOKENS",
+                   help="longest context in tokens (default: the model's), e.g. 8192")
+    g.add_argument("--min-replicas", type=int, metavar="N", help="HPA minimum (default 1), e.g. 3")
+    g.add_argument("--max-replicas", type=int, metavar="N", help="HPA maximum (default 3), e.g. 15")
+    g.add_argument("--target-cpu", type=int, metavar="PCT",
+                   help="HPA CPU utilisation target in %% (default 70; 0 = off), e.g. 70")
+    g.add_argument("--target-waiting", type=float, metavar="N",
+                   help="HPA target of vLLM waiting requests per pod (default 5; 0 = off), e.g. 4")
+    g.add_argument("--rate-limit-rps", type=int, metavar="RPS",
+                   help="edge rate limit in requests/s (default 50), e.g. 50")
+    g.add_argument("--rate-limit-burst", type=int, metavar="N",
+                   help="requests accepted in a burst (default 5 x rps; nginx only), e.g. 250")
+    g.add_argument("--edge", choices=("gateway", "nginx"),
+                   help="gateway (default): Gateway API + Envoy Gateway rate limit; nginx: the "
+                        "course's legacy ingress-nginx annotations (retired project)")
+    g.add_argument("--namespace", metavar="NS", help="Kubernetes namespace (default spectrum)")
+    g.add_argument("--cluster-name", metavar="NAME", help="EKS cluster name (default spectrum)")
+    g.add_argument("--engine", choices=("deployment", "rayservice"),
+                   help="deployment (default): the byo-vllm image; rayservice: KubeRay + Ray Serve LLM")
+    g.add_argument("--gpu-nodes", choices=("karpenter", "nodegroup"),
+                   help="karpenter (default): NodePool + EC2NodeClass; nodegroup: a GPU managed node group")
+    g.add_argument("--capacity-type", choices=("on-demand", "spot"),
+                   help="GPU node capacity (default on-demand)")
+    g.add_argument("--out", metavar="DIR",
+                   help="folder for the rendered files (default ./out/eks-<name>)")
+
+
+def _options(pairs: list[str]) -> tuple[tuple[str, str], ...]:
+    out = []
+    for pair in pairs or []:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise BadInput(f"--option {pair!r} must look like KEY=VALUE, e.g. "
+                           "--option SM_VLLM_GPU_MEMORY_UTILIZATION=0.9")
+        out.append((key.strip(), value))
+    return tuple(out)
+
+
+def spec_from_args(args: argparse.Namespace) -> Level6Spec:
+    from infra.eks.spec import DEFAULT_MODEL, LOCAL_IMAGE, EksSpec
+
+    notes = []
+    if getattr(args, "instance_count", 1) not in (None, 1):
+        raise BadInput(f"--instance-count {args.instance_count} does not apply to level 6: the "
+                       "autoscaler sizes the fleet; use --min-replicas and --max-replicas")
+    model = args.model or DEFAULT_MODEL
+    if os.path.exists(model):
+        raise BadInput(f"--model {model!r} is a local path, which pods in a cluster cannot read: "
+                       "give a Hugging Face id, or an s3:// prefix the image can download")
+    image = args.image
+    if not image and args.target != "aws":
+        # Rendering, planning and the emulator pull nothing; a real cluster needs a registry URI.
+        image = LOCAL_IMAGE
+        notes.append(f"no --image: rendered with the local build tag {LOCAL_IMAGE}; a cluster "
+                     "needs a registry URI (level 5 pushes the image to ECR)")
+    region = args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") \
+        or "us-east-1"
+    given = {
+        "image": image or "", "name": args.name or DEFAULT_NAME, "model": model,
+        "instance_type": args.instance_type, "gpu_type": args.gpu_type,
+        "gpus_per_replica": args.gpus_per_replica,
+        "tensor_parallel_size": args.tensor_parallel_size, "max_model_len": args.max_model_len,
+        "min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
+        "target_cpu": args.target_cpu, "target_waiting": args.target_waiting,
+        "rate_limit_rps": args.rate_limit_rps, "rate_limit_burst": args.rate_limit_burst,
+        "namespace": args.namespace, "region": region, "cluster_name": args.cluster_name,
+        "engine": args.engine, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
+        "edge": args.edge, "options": _options(args.option),
+    }
+    if args.instance_type is None and args.gpu_type is None:
+        given.pop("instance_type")
+    spec = EksSpec(**{k: v for k, v in given.items() if v is not None})
+    out_dir = args.out or os.path.join(DEFAULT_OUT, f"eks-{spec.name}")
+    return Level6Spec(spec, out_dir, tuple(notes))
+
+
+# ----------------------------------------------------------------------------------- plan
+
+def _cost(rendered) -> dict[str, Any]:
+    from cost import hourly_cost_line, load_prices
+
+    r = rendered.resolved
+    table = load_prices()
+    nodes_min, nodes_max = r.nodes_for(r.min_replicas), r.nodes_for(r.max_replicas)
+    line = hourly_cost_line(r.instance.name, count=nodes_min, platform="ec2",
+                            extra_hourly=table.eks_cluster_hourly, table=table)
+    at_max = hourly_cost_line(r.instance.name, count=nodes_max, platform="ec2",
+                              extra_hourly=table.eks_cluster_hourly, table=table)
+    return {**line, "eks_cluster_hourly": table.eks_cluster_hourly,
+            "gpus": nodes_min * r.instance.gpus, "gpus_at_max": nodes_max * r.instance.gpus,
+            "nodes_at_max": nodes_max, "monthly_usd_at_max": at_max["monthly_usd"],
+            "not_priced": f"the system node group ({pinned_system()}): the price table lists GPU "
+                          "instances only"}
+
+
+def pinned_system() -> str:
+    from infra.eks.cluster import SYSTEM_NODES
+    from infra.eks.spec import pinned
+
+    return f"{SYSTEM_NODES} x {pinned('system_instance_type')}"
+
+
+def helm_command(chart: dict[str, Any]) -> str:
+    repo = chart["repo"]
+    source = f"{repo}" if repo.startswith("oci://") else f"{chart['chart']} --repo {repo}"
+    return (f"helm upgrade --install {chart['name']} {source} --namespace {chart['namespace']} "
+            "--create-namespace --wait")
+
+
+def plan(spec: Level6Spec) -> Plan:
+    """Pure: render (the spec is checked first) and list what --target aws would do."""
+    from infra.eks.cluster import eksctl_create_command, eksctl_delete_command
+    from infra.eks.kube import ROLLOUT_CHECKS
+    from infra.eks.render import render
+
+    rendered = render(spec.eks)
+    r = rendered.resolved
+    config_path = os.path.join(spec.out_dir, "cluster.yaml")
+    steps = [Step("eksctl", "CreateCluster",
+                  {"ResourceId": r.cluster_name,
+                   "command": shlex.join(eksctl_create_command(config_path)),
+                   "config": rendered.cluster_config},
+                  undo=Step("eksctl", "DeleteCluster", {
+                      "ResourceId": r.cluster_name,
+                      "command": shlex.join(eksctl_delete_command(config_path))}),
+                  description="cluster, system node group" + (
+                      ", Karpenter" if r.gpu_nodes == "karpenter" else ", GPU node group"))]
+    for chart in rendered.required_charts():
+        params = {"ResourceId": chart["name"], "command": helm_command(chart),
+                  "needed_for": chart["needed_for"]}
+        if chart["name"] in rendered.helm_values:
+            params["values_file"] = os.path.join(spec.out_dir, "helm",
+                                                 f"{chart['name']}-values.yaml")
+            params["command"] += f" -f {params['values_file']}"
+        steps.append(Step("helm", "InstallChart", params, description=chart["needed_for"]))
+    for m in rendered.manifests:
+        steps.append(Step("kubernetes", "Apply", {"ResourceId": m.ref, "file": m.file,
+                                                  "manifest": m.doc},
+                          undo=Step("kubernetes", "Delete", {"ResourceId": m.ref})))
+    for m in rendered.manifests:
+        if m.doc["kind"] in ROLLOUT_CHECKS:
+            steps.append(Step("kubernetes", "WaitForRollout",
+                              {"ResourceId": m.ref, "timeout_s": r.startup_timeout_s + 900}))
+    notes = list(spec.notes) + list(r.warnings)
+    cost = _cost(rendered)
+    notes.append(f"cost counts {cost['count']} GPU node(s) at --min-replicas {r.min_replicas} "
+                 f"plus the EKS control plane; at --max-replicas {r.max_replicas}: "
+                 f"{cost['nodes_at_max']} node(s), ${cost['monthly_usd_at_max']:,.0f}/month; "
+                 f"not priced: {cost['not_priced']}")
+    return Plan(LEVEL, steps, cost=cost, notes=notes,
+                extra={"rendered": rendered, "documents": rendered.documents(),
+                       "cluster_config": rendered.cluster_config, "out_dir": spec.out_dir})
+
+
+# ----------------------------------------------------------------------------------- local
+
+def run_local(spec: Level6Spec, args: argparse.Namespace) -> int:
+    """Render into --out, validate everything, print what was made, the GPUs and the cost."""
+    import json
+    import sys
+
+    from infra.eks.validate import validate_rendered
+
+    stream = sys.stderr if args.json else sys.stdout
+
+    def say(text: str = "") -> None:
+        print(text, file=stream, flush=True)
+
+    p = plan(spec)
+    rendered = p.extra["rendered"]
+    r = rendered.resolved
+    out_dir = Path(spec.out_dir)
+    written = rendered.write(out_dir)
+    say(f"Level 6 — EKS, rendered into {out_dir}/ ({len(written)} files); validating "
+        "(schemas, yamllint, checkov: ~10 s) ...")
+    started = time.monotonic()
+    report = validate_rendered(rendered, out_dir)
+    elapsed = time.monotonic() - started
+    summary = {
+        "level": LEVEL, "target": "local", "out_dir": str(out_dir),
+        "files": [str(p.relative_to(out_dir)) for p in written],
+        "resources": [{"file": m.file, "resource": m.ref} for m in rendered.manifests],
+        "cluster": {"name": r.cluster_name, "region": r.region,
+                    "kubernetes": r.kubernetes_version, "gpu_nodes": r.gpu_nodes},
+        "gpus": {"instance_type": r.instance.name, "gpu_type": r.instance.gpu_type,
+                 "per_replica": r.gpus_per_replica, "tensor_parallel": r.tensor_parallel_size,
+                 "pipeline_parallel": r.pipeline_parallel_size,
+                 "at_min_replicas": rendered.gpu_count(r.min_replicas),
+                 "at_max_replicas": rendered.gpu_count(r.max_replicas),
+                 "node_pool_limit": r.gpu_limit},
+        "cost": p.cost, "validation": report.to_json(), "validation_s": round(elapsed, 1),
+        "notes": p.notes,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        _print_summary(summary, report, say)
+    return 0 if report.ok else 1
+
+
+def _print_summary(summary: dict[str, Any], report, say) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=None, highlight=False, width=120)
+    table = Table(title="rendered resources")
+    for col in ("file", "resource"):
+        table.add_column(col)
+    table.add_row("cluster.yaml", f"ClusterConfig/{summary['cluster']['name']} (eksctl, "
+                                  f"{summary['cluster']['region']}, Kubernetes "
+                                  f"{summary['cluster']['kubernetes']})")
+    for row in summary["resources"]:
+        table.add_row(row["file"], row["resource"])
+    console.print(table)
+    checks = Table(title=f"validation ({summary['validation_s']} s)")
+    for col in ("check", "result", "checked", "details"):
+        checks.add_column(col)
+    for c in report.checks:
+        details = "; ".join(str(f) for f in c.findings[:3]) or c.note
+        if c.skipped:
+            details = f"{len(c.skipped)} skipped with reasons in the manifest: " + "; ".join(
+                s.split(":")[0] for s in c.skipped)
+        style = {"passed": "green", "failed": "red"}.get(c.status, "yellow")
+        checks.add_row(c.name, f"[{style}]{c.status}[/{style}]", str(c.checked), details)
+    console.print(checks)
+    g, c = summary["gpus"], summary["cost"]
+    say(f"GPUs: {g['per_replica']} x {g['gpu_type']} per replica on {g['instance_type']} "
+        f"(tensor parallel {g['tensor_parallel']}, pipeline {g['pipeline_parallel']}); "
+        f"{g['at_min_replicas']} at min replicas, {g['at_max_replicas']} at max; node pool "
+        f"limit {g['node_pool_limit']}")
+    say(f"cost: ${c['hourly_usd']:,.3f}/hour, ${c['monthly_usd']:,.0f}/month at min replicas "
+        f"({c['count']} x {c['instance_type']} EC2 + EKS ${c['eks_cluster_hourly']}/h; prices as "
+        f"of {c['price_as_of']}); ${c['monthly_usd_at_max']:,.0f}/month at max")
+    for note in summary["notes"]:
+        say(f"note: {note}")
+    if report.ok:
+        say(f"next: python -m options.deploy --level 6 --target aws --image URI ...  "
+            f"(or: eksctl create cluster -f {summary['out_dir']}/cluster.yaml, then "
+            f"kubectl apply -f {summary['out_dir']}/manifests/)")
+    else:
+        say("validation FAILED: " + "; ".join(report.findings()[:5]))
+
+
+# ----------------------------------------------------------------------------------- cloud
+
+_MEMORY_APIS: dict[tuple[str, str], Any] = {}   # emulator: (endpoint_url, cluster) -> API
+
+
+def _memory_api(target, cluster: str):
+    from infra.eks.memory_api import InMemoryKubernetes
+
+    key = (target.endpoint_url or "", cluster)
+    if key not in _MEMORY_APIS:
+        api = InMemoryKubernetes()
+        api.start()
+        _MEMORY_APIS[key] = api
+    return _MEMORY_APIS[key]
+
+
+def _kube_for(target, cluster: str, eks_cluster: dict[str, Any] | None):
+    """The Kubernetes API to talk to: the in-memory one on the emulator, else kubeconfig's."""
+    from infra.eks.kube import KubeApi
+
+    if target.kind == "emulator":
+        return KubeApi.from_url(_memory_api(target, cluster).url)
+    api = KubeApi.from_kubeconfig()
+    endpoint = (eks_cluster or {}).get("endpoint")
+    if endpoint and api.host.rstrip("/") != endpoint.rstrip("/"):
+        raise BadInput(f"kubeconfig's current context points at {api.host}, not cluster {cluster} "
+                       f"({endpoint}): run aws eks update-kubeconfig --name {cluster} "
+                       f"--region {target.region}")
+    return api
+
+
+def _say(text: str) -> None:
+    from options.sagemaker import say
+    say(text)
+
+
+def apply(p: Plan, target) -> EksDeployment:
+    from infra.eks import eks_api
+    from infra.eks.kube import apply_manifests
+
+    rendered = p.extra["rendered"]
+    r = rendered.resolved
+    out_dir = Path(p.extra["out_dir"])
+    rendered.write(out_dir)
+    started = time.monotonic()
+    deployment = EksDeployment(target.kind, r.cluster_name, r.namespace, r.name,
+                               endpoint_name=f"{r.cluster_name}/{r.namespace}/{r.name}",
+                               model=r.model)
+    eks = target.client("eks")
+    created_cluster = False
+    _say(f"cluster {r.cluster_name} ({r.region}):")
+    if target.kind == "emulator":
+        made = eks_api.create_cluster_via_api(target, rendered.cluster_config, _say)
+        created_cluster = bool(made)
+        (deployment.created if made else deployment.reused).extend(made or [f"cluster {r.cluster_name}"])
+    elif eks_api.describe_cluster(eks, r.cluster_name) is not None:
+        _say(f"  exists: reused")
+        deployment.reused.append(f"cluster {r.cluster_name}")
+    else:
+        command = p.steps[0].params["command"]
+        if not eks_api.eksctl_path():
+            raise RuntimeError(f"cluster {r.cluster_name} does not exist and eksctl is not on PATH. "
+                               f"Create it with:\n    {command}\nthen re-run this command "
+                               "(manifests are in " + str(out_dir / "manifests") + ")")
+        eks_api.run_eksctl(shlex.split(command), _say)
+        created_cluster = True
+        deployment.created.append(f"cluster {r.cluster_name}")
+    try:
+        eks_cluster = eks_api.describe_cluster(eks, r.cluster_name)
+        _install_charts(p, target)
+        api = _kube_for(target, r.cluster_name, eks_cluster)
+        docs = rendered.documents() + _token_secret(r)
+        _say(f"applying {len(docs)} manifests to {api.host}:")
+        result = apply_manifests(api, docs, _say, wait=target.kind == "aws",
+                                 timeout_s=r.startup_timeout_s + 900)
+        if target.kind == "emulator":
+            _say("  rollout not awaited: the in-memory Kubernetes API runs no controllers")
+    except Exception:
+        if created_cluster:
+            _say(f"removing cluster {r.cluster_name}, created by this run:")
+            if target.kind == "emulator":
+                eks_api.delete_cluster_via_api(target, r.cluster_name, _say)
+            else:
+                eks_api.run_eksctl(shlex.split(p.steps[0].undo.params["command"]), _say)
+        raise
+    deployment.created += result.created
+    deployment.reused += result.updated
+    deployment.elapsed_s = time.monotonic() - started
+    deployment.base_url = _edge_address(api, r) if target.kind == "aws" else None
+    return deployment
+
+
+def _token_secret(r) -> list[dict[str, Any]]:
+    """The hub token Secret, from $HF_TOKEN when set here (its value never leaves this call)."""
+    from infra.eks.spec import HF_TOKEN_KEY, HF_TOKEN_SECRET
+
+    token = os.environ.get("HF_TOKEN")
+    if not token:
+        return []
+    return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+             "metadata": {"name": HF_TOKEN_SECRET, "namespace": r.namespace},
+             "stringData": {HF_TOKEN_KEY: token}}]
+
+
+def _install_charts(p: Plan, target) -> None:
+    import shutil
+    import subprocess
+
+    charts = [s for s in p.steps if s.service == "helm"]
+    if target.kind == "emulator":
+        _say(f"add-ons: {len(charts)} Helm chart(s) skipped on the emulator: "
+             + ", ".join(s.params["ResourceId"] for s in charts))
+        return
+    if not shutil.which("helm"):
+        _say("add-ons: helm is not on PATH; install these charts if the cluster lacks them "
+             "(applying checks their APIs):")
+        for s in charts:
+            _say(f"    {s.params['command']}")
+        return
+    for s in charts:
+        _say(f"$ {s.params['command']}")
+        if subprocess.run(shlex.split(s.params["command"])).returncode != 0:
+            raise RuntimeError(f"this command failed: {s.params['command']}")
+
+
+def _edge_address(api, r) -> str | None:
+    from infra.eks.kube import KINDS
+
+    kind = "Gateway" if r.edge == "gateway" else "Ingress"
+    api_version = KINDS[kind][0]
+    obj = api.get({"apiVersion": api_version, "kind": kind,
+                   "metadata": {"name": r.name, "namespace": r.namespace}}) or {}
+    status = obj.get("status") or {}
+    addresses = [a.get("value") for a in status.get("addresses") or []] or [
+        i.get("hostname") or i.get("ip") for i in (status.get("loadBalancer") or {}).get("ingress") or []]
+    return f"http://{addresses[0]}" if addresses and addresses[0] else None
+
+
+def invoke(deployment: EksDeployment, request):
+    from options.contract import Request, Result, Usage, invoke_http
+
+    if deployment.kind == "emulator":
+        text = f"(emulator) no model runs on the in-memory cluster; it would answer: {request.prompt or ''}"
+        return Result(text=text, finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0))
+    if not deployment.base_url:
+        raise RuntimeError(f"the edge of {deployment.endpoint_name} has no address yet: check "
+                           f"kubectl -n {deployment.namespace} get gateway,ingress {deployment.name}")
+    request = Request(**{**request.__dict__, "model": request.model or deployment.model})
+    return invoke_http(deployment.base_url, request, deployment.dialect)
+
+
+def status(spec: Level6Spec, target) -> dict[str, Any]:
+    from infra.eks import eks_api
+    from infra.eks.render import render
+
+    rendered = render(spec.eks)
+    r = rendered.resolved
+    eks_cluster = eks_api.describe_cluster(target.client("eks"), r.cluster_name)
+    out: dict[str, Any] = {"cluster": r.cluster_name, "region": target.region,
+                           "cluster_status": (eks_cluster or {}).get("status", "absent")}
+    if eks_cluster is None:
+        return {**out, "status": "absent"}
+    if target.kind == "emulator" and (target.endpoint_url or "", r.cluster_name) not in _MEMORY_APIS:
+        return {**out, "status": "cluster only (no in-memory API in this process)"}
+    api = _kube_for(target, r.cluster_name, eks_cluster)
+    present = {m.ref: api.get(m.doc) is not None for m in rendered.manifests}
+    out["objects"] = present
+    ready = all(present.values())
+    out["status"] = "applied" if ready else f"{sum(present.values())}/{len(present)} objects present"
+    return out
+
+
+def down(spec: Level6Spec, target) -> list[str]:
+    from infra.eks import eks_api
+    from infra.eks.cluster import eksctl_delete_command
+    from infra.eks.kube import delete_manifests
+    from infra.eks.render import render
+
+    rendered = render(spec.eks)
+    r = rendered.resolved
+    eks_cluster = eks_api.describe_cluster(target.client("eks"), r.cluster_name)
+    removed: list[str] = []
+    if eks_cluster is None:
+        _say(f"cluster {r.cluster_name} does not exist: nothing to remove")
+        return removed
+    if target.kind == "aws" or (target.endpoint_url or "", r.cluster_name) in _MEMORY_APIS:
+        api = _kube_for(target, r.cluster_name, eks_cluster)
+        removed += delete_manifests(api, rendered.documents(), _say)
+    if target.kind == "emulator":
+        removed += eks_api.delete_cluster_via_api(target, r.cluster_name, _say)
+        api = _MEMORY_APIS.pop((target.endpoint_url or "", r.cluster_name), None)
+        if api:
+            api.stop()
+        return removed
+    command = shlex.join(eksctl_delete_command(os.path.join(spec.out_dir, "cluster.yaml")))
+    if "spectrum.io/model" not in (eks_cluster.get("tags") or {}):
+        _say(f"cluster {r.cluster_name} was not created by Spectrum: kept")
+    elif eks_api.eksctl_path():
+        rendered.write(spec.out_dir)
+        eks_api.run_eksctl(shlex.split(command), _say)
+        removed.append(f"cluster {r.cluster_name}")
+    else:
+        _say(f"the cluster still bills by the hour; remove it with:\n    {command}")
+    return removed
