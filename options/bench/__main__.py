@@ -1,0 +1,206 @@
+"""python -m options.bench: the same load, measured the same way, on any rung.
+
+    python -m options.bench --level 5                          # starts the local server (tiny model)
+    python -m options.bench --url http://127.0.0.1:8080 --level 5 --concurrency 16 --json out.json
+    python -m options.bench --level 3 --target aws --endpoint my-endpoint --request-rate 4
+    python -m options.bench --level 1 --target aws --model us.amazon.nova-micro-v1:0 --requests 20
+
+Exit codes: 0 ok, 2 bad input, 1 failure (the target did not answer, or every request failed).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import sys
+from typing import Any, Iterator
+
+from options.plan import BadInput
+
+EXAMPLES = __doc__.split("\n\n")[1]
+TARGETS = ("local", "emulator", "aws")
+DIALECTS = ("openai-completions", "openai-chat", "tgi")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m options.bench", description=__doc__.split("\n")[0],
+                                epilog="examples:\n" + EXAMPLES,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    where = p.add_argument_group("what to measure")
+    where.add_argument("--level", type=int, help="the rung (1-6) being measured; recorded in the JSON")
+    where.add_argument("--target", choices=TARGETS, default="local")
+    where.add_argument("--url", help="base URL of a running server (OpenAI routes or /invocations)")
+    where.add_argument("--path", help="request path on --url (default: the dialect's, e.g. /v1/completions)")
+    where.add_argument("--endpoint", help="SageMaker endpoint name (levels 2-5 on emulator or aws)")
+    where.add_argument("--model", help="model name the server expects, or the Bedrock model id; "
+                       "with --target local and no --url: the model the started server loads "
+                       "(default: the built-in tiny model)")
+    where.add_argument("--dialect", choices=DIALECTS,
+                       help="request body dialect (default: openai-completions; tgi for level 2)")
+    where.add_argument("--region", default="us-east-1")
+    where.add_argument("--endpoint-url", help="AWS endpoint override (an emulator's URL)")
+    load = p.add_argument_group("traffic profile")
+    load.add_argument("--requests", type=int, default=64, help="number of measured requests (64)")
+    load.add_argument("--prompt-tokens", default="128", metavar="DIST",
+                      help="N, fixed:N, uniform:LOW:HIGH or jsonl:FILE (rows with prompt_tokens or prompt)")
+    load.add_argument("--output-tokens", default="128", metavar="DIST",
+                      help="N, fixed:N, uniform:LOW:HIGH or jsonl:FILE (rows with output_tokens or max_tokens)")
+    load.add_argument("--concurrency", type=int,
+                      help="requests in flight at once (default 8; with --request-rate: no cap unless given)")
+    load.add_argument("--request-rate", type=float, help="mean arrivals per second (gamma inter-arrivals)")
+    load.add_argument("--burstiness", type=float, default=1.0,
+                      help="gamma shape of the arrivals: 1 = Poisson, <1 burstier, >1 steadier")
+    load.add_argument("--seed", type=int, default=0)
+    load.add_argument("--ignore-eos", action="store_true",
+                      help="ask for exactly the output length (servers that support it; not Bedrock)")
+    load.add_argument("--temperature", type=float)
+    load.add_argument("--warmup", type=int, default=1, help="unmeasured requests sent first (1)")
+    load.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
+    out = p.add_argument_group("output")
+    out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
+    out.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def profile_from_args(args: argparse.Namespace):
+    from options.bench.profile import Profile, parse_lengths
+
+    concurrency = args.concurrency if args.concurrency is not None else (
+        None if args.request_rate is not None else 8)
+    return Profile(requests=args.requests,
+                   prompt_tokens=parse_lengths(args.prompt_tokens, "--prompt-tokens", ("prompt_tokens",)),
+                   output_tokens=parse_lengths(args.output_tokens, "--output-tokens",
+                                               ("output_tokens", "max_tokens")),
+                   concurrency=concurrency, request_rate=args.request_rate,
+                   burstiness=args.burstiness, seed=args.seed)
+
+
+@contextlib.contextmanager
+def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, Any]]]:
+    """The send function for the chosen target, and how it was reached (for the JSON's details)."""
+    from options.bench import runner
+
+    level = args.level
+    if level is not None and level not in range(1, 7):
+        raise BadInput(f"--level {level} is not a rung: choose 1-6")
+    dialect = args.dialect or ("tgi" if level == 2 else "openai-completions")
+    if args.url:
+        yield runner.http_target(args.url, dialect, args.path, args.timeout), \
+            {"url": args.url, "path": args.path, "dialect": dialect}
+        return
+    if level == 1:
+        if args.target == "local":
+            raise BadInput("level 1 (Bedrock) runs only in AWS: use --target aws")
+        from options.aws import Target
+        from options.bedrock.client import retry_config
+        client = Target(args.target, args.region, args.endpoint_url).client(
+            "bedrock-runtime", config=retry_config())
+        yield runner.bedrock_target(client), {"service": "bedrock-runtime", "region": args.region}
+        return
+    if args.target in ("aws", "emulator"):
+        if not args.endpoint:
+            raise BadInput(f"--target {args.target} measures a SageMaker endpoint: give --endpoint NAME "
+                           "(or --url for a server you reach directly, such as an EKS service)")
+        from options.aws import Target
+        client = Target(args.target, args.region, args.endpoint_url).client("sagemaker-runtime")
+        yield runner.sagemaker_target(client, args.endpoint, dialect), \
+            {"endpoint": args.endpoint, "region": args.region, "dialect": dialect}
+        return
+    if level == 6:
+        raise BadInput("level 6 runs on EKS: give the service's --url (e.g. from kubectl port-forward)")
+    with _local_server(args, say) as url:
+        yield runner.http_target(url, dialect, args.path, args.timeout), \
+            {"url": url, "dialect": dialect, "server": "started by the bench (containers/byo-vllm)"}
+
+
+@contextlib.contextmanager
+def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
+    """Start the bring-your-own server on this machine for the run, and stop it after."""
+    from options.local_server import LocalServer
+
+    if args.model:
+        model = args.model
+    else:
+        from options.tiny_model import tiny_model_dir
+        model = str(tiny_model_dir())
+    say(f"starting the local server with {model} (stopped when the bench ends)")
+    seen: set[str] = set()
+
+    def progress(elapsed_s: float, state: str) -> None:
+        if state not in seen:            # each state once, not every poll
+            seen.add(state)
+            say(f"  {elapsed_s:5.0f} s  {state}")
+
+    with LocalServer({"HF_MODEL_ID": model}) as server:
+        server.wait_ready(600, on_progress=progress)
+        yield server.url
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from rich.console import Console
+
+    console = Console(stderr=args.json == "-")
+
+    say = console.print
+    try:
+        profile = profile_from_args(args)
+        from options.contract import Request
+        template = Request(prompt="-", model=args.model if (args.url or args.target != "local"
+                                                             or args.level == 1) else None,
+                           ignore_eos=args.ignore_eos, temperature=args.temperature, stream=True)
+        with open_target(args, say) as (send, details):
+            return _bench(args, profile, template, send, details, console)
+    except BadInput as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        return 2
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 1
+
+
+def _bench(args, profile, template, send, details, console) -> int:
+    from dataclasses import replace
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from options.bench import report, runner
+    from options.bench.metrics import summarize
+    from options.contract import collect
+
+    for i in range(args.warmup):
+        try:
+            collect(send(replace(template, prompt=f"warm-up {i}", max_tokens=8)))
+        except BadInput:
+            raise
+        except Exception as exc:  # the target is unusable: say why, measure nothing
+            console.print(f"[red]the target did not answer the warm-up request:[/red] {exc}")
+            return 1
+    errors = 0
+    with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(),
+                  console=console, disable=args.no_progress, transient=True) as bar:
+        task = bar.add_task("requests", total=profile.requests, errors=0)
+
+        def on_done(n, rec):
+            nonlocal errors
+            errors += 0 if rec.ok else 1
+            bar.update(task, completed=n, errors=errors)
+
+        result = runner.run(profile, send, template, on_done)
+    summary = summarize(result.records, result.duration_s)
+    details = {**details, "ignore_eos": args.ignore_eos, "warmup_requests": args.warmup}
+    doc = report.bench_json(summary, profile, level=args.level, target=args.target,
+                            model=args.model or ("tiny model (built in)" if "server" in details else None),
+                            started_at=result.started_at, details=details)
+    if args.json:
+        report.write_json(doc, args.json)
+    if args.json != "-":
+        console.print(report.render_table(doc))
+    if summary.completed == 0:
+        console.print(f"[red]every request failed:[/red] {summary.errors}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""A traffic profile: how many requests, how long their prompts and answers, and when they arrive.
+
+Everything random comes from one seeded generator, so a profile and a seed give the same
+requests in the same order at the same offsets on every run and every rung.
+"""
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from options.plan import BadInput
+
+# Short common words: one token each for most tokenizers, so a prompt of N words is about N
+# tokens. The exact count is the server's (usage.prompt_tokens), never this estimate.
+_WORDS = ("the of and to in is for on that with as by at from it this be are was or an not "
+          "time data model user cost token price cloud fast small large first last next each "
+          "one two three four five six seven eight nine ten run send serve wait read write").split()
+
+
+@dataclass(frozen=True)
+class Lengths:
+    """A token-length distribution: fixed N, uniform over [low, high], or values from JSONL."""
+    kind: str                      # "fixed" | "uniform" | "jsonl"
+    low: int = 0
+    high: int = 0
+    path: str | None = None
+    values: tuple[int, ...] = ()   # jsonl: the lengths, in file order
+    texts: tuple[str, ...] = ()    # jsonl: prompt texts, where the file gives them
+
+    def sample(self, rng: random.Random, i: int) -> int:
+        if self.kind == "fixed":
+            return self.low
+        if self.kind == "uniform":
+            return rng.randint(self.low, self.high)
+        return self.values[i % len(self.values)]
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == "fixed":
+            return {"kind": "fixed", "value": self.low}
+        if self.kind == "uniform":
+            return {"kind": "uniform", "low": self.low, "high": self.high}
+        return {"kind": "jsonl", "path": self.path, "count": len(self.values),
+                "mean": sum(self.values) / len(self.values)}
+
+
+def parse_lengths(spec: str, what: str, jsonl_fields: tuple[str, ...]) -> Lengths:
+    """``fixed:N`` (or just ``N``), ``uniform:LOW:HIGH``, or ``jsonl:FILE``."""
+    usage = f"{what} must be N, fixed:N, uniform:LOW:HIGH or jsonl:FILE (got {spec!r})"
+    kind, _, rest = spec.partition(":")
+    if kind.isdigit() and not rest:
+        kind, rest = "fixed", kind
+    def ints(text: str, n: int) -> list[int]:
+        parts = text.split(":")
+        if len(parts) != n or not all(x.strip().isdigit() for x in parts):
+            raise BadInput(usage)
+        return [int(x) for x in parts]
+
+    if kind == "fixed":
+        (n,) = ints(rest, 1)
+        if n < 1:
+            raise BadInput(f"{what} fixed:{n} must be at least 1")
+        return Lengths("fixed", n, n)
+    if kind == "uniform":
+        low, high = ints(rest, 2)
+        if not 1 <= low <= high:
+            raise BadInput(f"{what} uniform:{low}:{high} needs 1 <= LOW <= HIGH")
+        return Lengths("uniform", low, high)
+    if kind == "jsonl" and rest:
+        return _read_jsonl(Path(rest), what, jsonl_fields)
+    raise BadInput(usage)
+
+
+def _read_jsonl(path: Path, what: str, fields: tuple[str, ...]) -> Lengths:
+    """Lengths from a JSONL file: each line an object with one of ``fields`` (or a "prompt")."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise BadInput(f"{what} file {str(path)!r} cannot be read: {exc.strerror}") from None
+    values, texts = [], []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            raise BadInput(f"{path}:{n} is not JSON: {line[:80]!r}") from None
+        value = next((row[f] for f in fields if isinstance(row, dict) and f in row), None)
+        text = row.get("prompt") if isinstance(row, dict) else None
+        if value is None and isinstance(text, str) and "prompt" in what:
+            value = max(1, len(text.split()))
+        if not isinstance(value, int) or value < 1:
+            raise BadInput(f"{path}:{n} has no whole number ≥ 1 in {' or '.join(fields)} "
+                           f"for the {what}: {line[:80]!r}")
+        values.append(value)
+        if isinstance(text, str):
+            texts.append(text)
+    if not values:
+        raise BadInput(f"{what} file {str(path)!r} has no rows")
+    return Lengths("jsonl", min(values), max(values), str(path), tuple(values),
+                   tuple(texts) if len(texts) == len(values) else ())
+
+
+def make_prompt(rng: random.Random, words: int, i: int) -> str:
+    """About ``words`` tokens of text; a request number first so no two prompts share a prefix."""
+    return f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(max(0, words - 1)))
+
+
+@dataclass(frozen=True)
+class Profile:
+    requests: int
+    prompt_tokens: Lengths
+    output_tokens: Lengths
+    concurrency: int | None = 8          # at most this many in flight (None: no cap)
+    request_rate: float | None = None    # mean arrivals per second (None: all at once)
+    burstiness: float = 1.0              # gamma shape: 1 = Poisson, < 1 burstier, > 1 steadier
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.requests < 1:
+            raise BadInput(f"--requests {self.requests} must be at least 1")
+        if self.concurrency is not None and self.concurrency < 1:
+            raise BadInput(f"--concurrency {self.concurrency} must be at least 1")
+        if self.request_rate is not None and not self.request_rate > 0:
+            raise BadInput(f"--request-rate {self.request_rate} must be > 0 requests/s "
+                           "(leave it out to send as fast as the concurrency allows)")
+        if not self.burstiness > 0:
+            raise BadInput(f"--burstiness {self.burstiness} must be > 0 (1 = Poisson arrivals)")
+        if self.concurrency is None and self.request_rate is None:
+            raise BadInput("give --concurrency, --request-rate, or both: with neither, every "
+                           "request would be sent at once")
+
+    def plan(self) -> list[tuple[float, str, int]]:
+        """(send offset in seconds, prompt, max_tokens) for every request, in order."""
+        rng = random.Random(self.seed)
+        out, t = [], 0.0
+        for i in range(self.requests):
+            if self.request_rate is not None and i > 0:
+                # Gamma inter-arrival times with mean 1/rate; shape 1 is exponential (Poisson).
+                t += rng.gammavariate(self.burstiness, 1.0 / (self.request_rate * self.burstiness))
+            n_in = self.prompt_tokens.sample(rng, i)
+            texts = self.prompt_tokens.texts
+            prompt = texts[i % len(texts)] if texts else make_prompt(rng, n_in, i)
+            out.append((t, prompt, self.output_tokens.sample(rng, i)))
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"requests": self.requests, "concurrency": self.concurrency,
+                "request_rate": self.request_rate, "burstiness": self.burstiness,
+                "prompt_tokens": self.prompt_tokens.to_json(),
+                "output_tokens": self.output_tokens.to_json(), "seed": self.seed}
