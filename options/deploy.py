@@ -1,0 +1,468 @@
+"""python -m options.deploy --level N: take a model to a working endpoint at any rung.
+
+    python -m options.deploy --level 3                       # serve locally (tiny model), one sample
+    python -m options.deploy --level 3 --plan --json          # the exact AWS requests; nothing sent
+    python -m options.deploy --level 3 --target emulator      # whole lifecycle against a local AWS
+    python -m options.deploy --level 3 --target aws --instance-type ml.g5.12xlarge \\
+        --model mistralai/Mistral-7B-Instruct-v0.3 --option OPTION_TENSOR_PARALLEL_DEGREE=4
+
+Flags every rung shares are defined here; each rung adds its own (``add_arguments``), and the
+CLI runs the same verbs for every rung (options.spectrum.RungModule). Exit codes: 0 ok,
+2 bad input, 1 failure. Only the standard library and options.plan/spectrum load at start-up.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from options.plan import BadInput, Plan, mask_secrets
+from options.sagemaker import progress_to
+from options.spectrum import RUNGS, UnknownLevel, rung, rung_module
+
+DEFAULT_PROMPT = "Explain in one sentence what a GPU does."
+EXAMPLES = """examples:
+  python -m options.deploy --level 3                          serve the tiny model locally, one sample
+  python -m options.deploy --level 3 --plan                   what --target aws would send (nothing sent)
+  python -m options.deploy --level 3 --plan --json            the same as JSON: {"level", "steps", "cost"}
+  python -m options.deploy --level 3 --target emulator        create, wait, invoke, tear down on a local AWS
+  python -m options.deploy --level 3 --target aws --instance-type ml.g5.12xlarge \\
+      --model mistralai/Mistral-7B-Instruct-v0.3 --option OPTION_TENSOR_PARALLEL_DEGREE=4
+  python -m options.deploy --level 3 --target aws --status    is it there, is it InService
+  python -m options.deploy --level 3 --target aws --down      remove endpoint, config, model, autoscaling
+"""
+
+
+class _Console:
+    """Human output goes to stdout, or to stderr when --json owns stdout."""
+
+    def __init__(self, json_mode: bool):
+        self.json_mode = json_mode
+        self.stream = sys.stderr if json_mode else sys.stdout
+
+    def __call__(self, text: str = "") -> None:
+        print(text, file=self.stream, flush=True)
+
+
+# ----------------------------------------------------------------------------------- arguments
+
+def _shared_arguments(parser: argparse.ArgumentParser) -> None:
+    g = parser.add_argument_group("what and where")
+    g.add_argument("--level", type=int, metavar="N", required=True,
+                   help="rung of the spectrum: " + "; ".join(f"{r.level} = {r.name}" for r in RUNGS)
+                        + ". e.g. --level 3")
+    g.add_argument("--target", choices=("local", "emulator", "aws"), default="local",
+                   help="local (default): this machine, no cloud; emulator: a local AWS (moto) started "
+                        "for this command; aws: your account. e.g. --target emulator")
+    g.add_argument("--model", metavar="M",
+                   help="a local folder (config.json + weights) or a hub id; default: a built-in tiny "
+                        "model locally (random weights), a small open model on the cloud. "
+                        "e.g. --model mistralai/Mistral-7B-Instruct-v0.3")
+    g.add_argument("--instance-type", metavar="T",
+                   help="SageMaker/EC2 instance type, checked against the price catalogue, "
+                        "e.g. --instance-type ml.g5.12xlarge")
+    g.add_argument("--instance-count", type=int, default=1, metavar="K",
+                   help="instances behind the endpoint (default 1), e.g. --instance-count 2")
+    g.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="engine option, repeatable; LMI options in env or properties form: "
+                        "--option OPTION_TENSOR_PARALLEL_DEGREE=4 or --option tensor_parallel_degree=4; "
+                        "secrets such as HF_TOKEN=... are masked in all output")
+    g.add_argument("--name", metavar="NAME",
+                   help="endpoint name (default spectrum-l<level>-<model>), e.g. --name my-llm")
+    g.add_argument("--region", metavar="R",
+                   help="AWS region (default $AWS_REGION, else us-east-1), e.g. --region eu-west-1")
+    g.add_argument("--endpoint-url", metavar="URL",
+                   help="send AWS requests to an emulator already running there (for separate "
+                        "--status/--down runs), e.g. --endpoint-url http://127.0.0.1:5000")
+
+    a = parser.add_argument_group("what to do (default: deploy, invoke once, keep it running)")
+    a.add_argument("--plan", action="store_true",
+                   help="print the requests --target aws would send, with the hourly cost; send nothing")
+    a.add_argument("--status", action="store_true", help="show the deployment's state, e.g. --status")
+    a.add_argument("--down", action="store_true",
+                   help="remove the endpoint, its config, model and autoscaling registration")
+    a.add_argument("--json", action="store_true",
+                   help="machine-readable output on stdout (progress goes to stderr)")
+    a.add_argument("--once", action="store_true",
+                   help="local target: stop after the sample request instead of serving until Ctrl-C")
+    a.add_argument("--port", type=int, metavar="P",
+                   help="local target: port for the server (default: a free one), e.g. --port 8080")
+
+    r = parser.add_argument_group("the sample request")
+    r.add_argument("--invoke", metavar="TEXT",
+                   help=f"prompt to send once deployed (default: {DEFAULT_PROMPT!r}), "
+                        f"e.g. --invoke 'What is SageMaker?'")
+    r.add_argument("--max-tokens", type=int, default=64, metavar="N",
+                   help="most tokens to generate (default 64), e.g. --max-tokens 128")
+    r.add_argument("--temperature", type=float, metavar="T",
+                   help="sampling temperature 0–2 (default: the server's), e.g. --temperature 0.7")
+    r.add_argument("--stream", action="store_true",
+                   help="print the answer as it is generated")
+
+
+def build_parser(level: int | None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m options.deploy", description="Deploy an LLM at one rung of the AWS spectrum.",
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _shared_arguments(parser)
+    for r in RUNGS if level is None else [rung(level)]:
+        try:
+            module = rung_module(r.level)
+        except ImportError as exc:
+            if level is not None:
+                raise RuntimeError(f"level {r.level} ({r.name}) is not available here: {exc}") from exc
+            continue
+        module.add_arguments(parser.add_argument_group(f"level {r.level}: {r.name}"))
+    return parser
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--level", type=int)
+    known, _ = pre.parse_known_args(argv)
+    if known.level is not None:
+        rung(known.level)  # UnknownLevel: exit 2 naming the rungs
+    return build_parser(known.level).parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------- output
+
+def print_plan(plan: Plan, say: _Console, rung_name: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(file=say.stream, highlight=False,
+                      width=None if say.stream.isatty() else 120)  # pipes: no wrapping at 80
+    console.print(f"[bold]Level {plan.level} — {rung_name}[/bold]: what --target aws would send "
+                  f"(nothing is sent)")
+    table = Table()
+    for col in ("#", "request", "resource"):
+        table.add_column(col)
+    uploads = [s for s in plan.steps if s.operation == "PutObject"]
+    for i, step in enumerate(plan.steps, 1):
+        if step.operation == "PutObject" and len(uploads) > 3 and step is not uploads[0]:
+            continue  # one row stands for a folder's uploads
+        resource = _main_param(step) or _summary(step.params)
+        if step.operation == "PutObject" and len(uploads) > 3:
+            resource = f"{len(uploads)} files to s3://{step.params['Bucket']}/{step.params['Key'].rsplit('/', 1)[0]}/"
+        table.add_row(str(i), f"{step.service}.{step.operation}", resource)
+    console.print(table)
+    for step in plan.steps:
+        if step.operation == "CreateModel":
+            container = mask_secrets(step.params["PrimaryContainer"])
+            console.print(f"image: {container['Image']}")
+            env = container.get("Environment") or {}
+            if env:
+                console.print("environment:")
+                for k, v in env.items():
+                    console.print(f"  {k}={v}")
+            if "ModelDataSource" in container or "ModelDataUrl" in container:
+                console.print(f"artifacts: {container.get('ModelDataUrl') or container['ModelDataSource']['S3DataSource']['S3Uri']}")
+        if step.operation == "CreateEndpointConfig":
+            v = step.params["ProductionVariants"][0]
+            timeout = v.get("ContainerStartupHealthCheckTimeoutInSeconds")
+            console.print(f"instances: {v['InitialInstanceCount']} × {v['InstanceType']}"
+                          + (f"; start-up health check timeout {timeout} s" if timeout else ""))
+    if plan.extra.get("serving_properties"):
+        console.print("equivalent serving.properties:")
+        for line in mask_secrets_text(plan.extra["serving_properties"]).splitlines():
+            console.print(f"  {line}")
+    if plan.cost:
+        c = plan.cost
+        console.print(f"cost: ${c.get('hourly_usd', 0):,.3f}/hour, ${c.get('monthly_usd', 0):,.0f}/month "
+                      f"({c.get('count', 1)} × {c.get('instance_type')}, {c.get('platform')}; "
+                      f"prices as of {c.get('price_as_of')})" if "hourly_usd" in c else f"cost: {c}")
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    console.print("(--plan --json prints every request in full)")
+
+
+def mask_secrets_text(text: str) -> str:
+    from options.plan import MASK, is_secret_name
+
+    out = []
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        out.append(f"{key}={MASK}" if sep and is_secret_name(key) and value else line)
+    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
+
+
+def _main_param(step) -> str:
+    from options.sagemaker import _main_param as main_param
+    return main_param(step)
+
+
+def _summary(params: dict[str, Any]) -> str:
+    text = json.dumps(mask_secrets(params), default=str)
+    return text if len(text) < 90 else text[:87] + "..."
+
+
+def emit(data: Any, say: _Console, title: str) -> None:
+    if say.json_mode:
+        print(json.dumps(mask_secrets(data), indent=2, default=str))
+        return
+    say(title)
+    for key, value in (data.items() if isinstance(data, dict) else enumerate(data)):
+        say(f"  {key}: {value}" if isinstance(data, dict) else f"  {value}")
+
+
+def _format_answer(result, say: _Console, where: str) -> dict[str, Any]:
+    t = result.timings
+    ttft = f"{t.ttft_s * 1000:.0f} ms" if t.ttft_s is not None else "n/a (not streamed)"
+    e2e = f"{t.e2e_s * 1000:.0f} ms" if t.e2e_s is not None else "n/a"
+    say(f"answer ({where}): {result.text!r}")
+    say(f"  TTFT {ttft} · end to end {e2e} · {result.usage.output_tokens or '?'} output tokens"
+        f" · finish: {result.finish_reason}")
+    return {"text": result.text, "finish_reason": result.finish_reason,
+            "usage": result.usage.to_json(), "timings": t.to_json()}
+
+
+def sample_request(args):
+    from options.contract import Request
+
+    return Request(prompt=args.invoke or DEFAULT_PROMPT, max_tokens=args.max_tokens,
+                   temperature=args.temperature, stream=args.stream)
+
+
+def print_local_only(plan: Plan, args: argparse.Namespace, why: str) -> int:
+    """Levels that can't serve on this machine: show their plan and cost, and say so."""
+    say = _Console(args.json)
+    if args.json:
+        print(json.dumps({**plan.to_json(), "runs_locally": False, "why": why}, indent=2, default=str))
+        return 0
+    say(f"Level {plan.level} needs the cloud: {why}")
+    say("Here is what --target aws would create, and what it costs:")
+    print_plan(plan, say, rung(plan.level).name)
+    return 0
+
+
+# ----------------------------------------------------------------------------------- local serving
+
+def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, dialect: str,
+                  what: str, source) -> int:
+    """Start the bring-your-own server with ``env``, send one sample, then serve until Ctrl-C."""
+    from options.contract import Request, collect, invoke_http
+    from options.local_server import LocalServer
+
+    say = _Console(args.json)
+    env = dict(env)
+    # vLLM on CPU otherwise reserves most of a NUMA node for its KV cache (FACTS §4).
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
+    say(f"Level {level} — {rung(level).name}, on this machine: {what}")
+    if source.tiny:
+        say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "
+            "(engine, batching, streaming), not answer quality. Use --model for a real one.")
+    else:
+        say(f"model: {source.label}")
+    log_dir = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
+    os.makedirs(log_dir, exist_ok=True)
+    log_path = os.path.join(log_dir, f"deploy-level{level}-{int(time.time())}.log")
+    summary: dict[str, Any] = {"level": level, "target": "local", "model": source.label}
+    server = LocalServer(env, port=args.port, log_path=log_path)
+    try:
+        server.start()
+        say(f"starting the server on {server.url} (log: {log_path})")
+        last = {"state": None, "t": -10.0}
+
+        def progress(elapsed: float, state: str) -> None:
+            if state != last["state"] or elapsed - last["t"] >= 10:
+                say(f"  waiting for /ping: {state} ({elapsed:.0f} s)")
+                last.update(state=state, t=elapsed)
+        started = time.monotonic()
+        server.wait_ready(600, on_progress=progress)
+        summary["ready_s"] = round(time.monotonic() - started, 1)
+        say(f"ready after {summary['ready_s']} s: GET {server.url}/ping → 200")
+
+        request = sample_request(args)
+        streamed = Request(**{**request.__dict__, "stream": True})  # streaming measures TTFT
+        say(f"sample request ({dialect} dialect, POST /invocations): {request.prompt!r}")
+        t0 = time.perf_counter()
+        events = []
+        for event in invoke_http(server.url, streamed, dialect, path="/invocations"):
+            events.append(event)
+            if args.stream and event.kind == "text" and not args.json:
+                print(event.text, end="", flush=True)
+        if args.stream and not args.json:
+            print()
+        summary["answer"] = _format_answer(collect(events, t0), say, "random weights" if source.tiny
+                                           else source.label)
+        if args.once:
+            summary["stopped"] = "after the sample (--once)"
+        else:
+            say(f"serving on {server.url}: POST /invocations (also /v1/completions and "
+                f"/v1/chat/completions); Ctrl-C to stop")
+            say(f"  try: curl -s {server.url}/invocations -H 'Content-Type: application/json' "
+                f"-d '{{\"inputs\": \"Hello\", \"parameters\": {{\"max_new_tokens\": 32}}}}'")
+            try:
+                while server.process.poll() is None:
+                    time.sleep(1)
+                raise RuntimeError(f"the server exited with code {server.process.returncode}")
+            except KeyboardInterrupt:
+                say("\nstopping (Ctrl-C)")
+    except Exception as exc:
+        say(f"error: the local server failed: {exc}")
+        if "server log" not in str(exc):
+            _print_log_tail(log_path, say)
+        return 1
+    finally:
+        server.stop()
+    if args.json:
+        print(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def _print_log_tail(path: str, say: _Console, lines: int = 30) -> None:
+    try:
+        with open(path, errors="replace") as f:
+            tail = f.readlines()[-lines:]
+    except OSError:
+        return
+    say(f"last lines of {path}:")
+    for line in tail:
+        say("  " + line.rstrip())
+
+
+# ----------------------------------------------------------------------------------- cloud targets
+
+def _target(args, endpoint_url: str | None = None):
+    from options.aws import Target
+    from options.sagemaker import region_of
+
+    kind = args.target
+    url = endpoint_url or args.endpoint_url
+    if kind == "local" and url:
+        kind = "emulator"  # --status/--down against a running emulator
+    if kind == "local":
+        raise BadInput("--status and --down act on a cloud deployment: add --target aws, or "
+                       "--endpoint-url URL of a running emulator")
+    return Target(kind, region_of(args), url)
+
+
+def run_cloud(module, spec, args, say: _Console, target) -> dict[str, Any]:
+    """apply → InService → one invocation (→ teardown when the emulator ends with the command)."""
+    summary: dict[str, Any] = {"level": args.level, "target": target.kind, "region": target.region}
+    plan = module.plan(spec)
+    say(f"Level {args.level} — {rung(args.level).name}, on {target.describe()}")
+    say(f"applying {len(plan.steps)} step(s)")
+    deployment = module.apply(plan, target)
+    summary.update(endpoint=getattr(deployment, "endpoint_name", None),
+                   created=getattr(deployment, "created", []), reused=getattr(deployment, "reused", []))
+    say(f"InService: {summary['endpoint']} ({getattr(deployment, 'elapsed_s', 0):.1f} s)")
+
+    request = sample_request(args)
+    if target.kind == "emulator":
+        _queue_emulator_answer(target, deployment, request)
+    if target.kind == "emulator" or args.invoke:
+        from options.contract import collect
+        t0 = time.perf_counter()
+        result = module.invoke(deployment, request)
+        if not hasattr(result, "text"):
+            result = collect(list(result), t0)
+        where = "the emulator replays a canned body: no model runs there" if target.kind == "emulator" \
+            else summary["endpoint"]
+        summary["answer"] = _format_answer(result, say, where)
+    summary["status"] = module.status(spec, target)
+    say(f"status: {summary['status'].get('status')}")
+    if plan.cost and "hourly_usd" in plan.cost:
+        summary["hourly_usd"] = plan.cost["hourly_usd"]
+    if target.kind == "aws":
+        _print_next_steps(args, summary, plan, say)
+    return summary
+
+
+def _queue_emulator_answer(target, deployment, request) -> None:
+    from options import contract
+    from options.aws import queue_emulator_result
+
+    dialect = contract.dialect(getattr(deployment, "dialect", "openai-chat"))
+    canned = contract.Result(text=f"(emulator) canned answer to: {request.prompt}", finish_reason="stop",
+                             usage=contract.Usage(input_tokens=8, output_tokens=8))
+    queue_emulator_result(target.endpoint_url, target.region, json.dumps(dialect.result_to_wire(canned)))
+
+
+def _print_next_steps(args, summary: dict, plan: Plan, say: _Console) -> None:
+    name = summary["endpoint"]
+    base = f"python -m options.deploy --level {args.level} --target aws --name {name} --region {args.region or summary['region']}"
+    say(f"endpoint: {name} (region {summary['region']})")
+    if "hourly_usd" in summary:
+        say(f"cost while it runs: ${summary['hourly_usd']:,.3f}/hour (${summary['hourly_usd'] * 730:,.0f}/month)")
+    say(f"invoke:   {base} --invoke 'Hello'")
+    say(f"status:   {base} --status")
+    say(f"remove:   {base} --down     (it bills by the hour until you do)")
+
+
+def _finish(summary: dict, say: _Console) -> int:
+    if say.json_mode:
+        print(json.dumps(mask_secrets(summary), indent=2, default=str))
+    return 0
+
+
+def run_emulator(module, spec, args, say: _Console) -> int:
+    from options.aws import emulator, emulator_reachable
+
+    if args.endpoint_url:
+        if not emulator_reachable(args.endpoint_url):
+            raise BadInput(f"--endpoint-url {args.endpoint_url}: nothing answers there; start an "
+                           f"emulator (python -m moto.server -p 5000) or drop --endpoint-url")
+        return _finish(run_cloud(module, spec, args, say, _target(args)), say)
+    with emulator() as url:
+        say(f"local AWS emulator (moto) started at {url}; it stops when this command ends")
+        target = _target(args, url)
+        summary: dict[str, Any] = {}
+        try:
+            summary = run_cloud(module, spec, args, say, target)
+        finally:
+            say("teardown:")
+            summary["removed"] = module.down(spec, target)
+        return _finish(summary, say)
+
+
+# ----------------------------------------------------------------------------------- main
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    json_mode = "--json" in argv
+    say = _Console(json_mode)
+    progress_to(say.stream)
+    try:
+        args = parse_args(argv)
+        module = rung_module(args.level)
+        spec = module.spec_from_args(args)
+        if args.plan:
+            plan = module.plan(spec)
+            if args.json:
+                print(json.dumps(plan.to_json(), indent=2, default=str))
+            else:
+                print_plan(plan, say, rung(args.level).name)
+            return 0
+        if args.status:
+            emit(module.status(spec, _target(args)), say, "status:")
+            return 0
+        if args.down:
+            removed = module.down(spec, _target(args))
+            if args.json:
+                print(json.dumps({"removed": removed}, indent=2))
+            return 0
+        if args.target == "local":
+            return module.run_local(spec, args)
+        if args.target == "emulator":
+            return run_emulator(module, spec, args, say)
+        return _finish(run_cloud(module, spec, args, say, _target(args)), say)
+    except (BadInput, UnknownLevel) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except Exception as exc:  # a failure, not a bug report: say what failed, no traceback
+        if os.environ.get("SPECTRUM_DEBUG"):
+            raise
+        print(f"failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
