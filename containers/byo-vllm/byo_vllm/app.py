@@ -63,7 +63,8 @@ def make_backend(settings: ServerSettings):
             f"{settings.handler_entrypoint} asks for the model.py backend, but this image has "
             f"no byo_vllm.lmi_handler module ({e}); remove OPTION_ENTRYPOINT / model.py to "
             "serve the model with vLLM directly") from None
-    model_dir = Path(settings.handler_entrypoint).parent
+    model_dir = Path(settings.model) if Path(settings.model).is_dir() else \
+        Path(settings.handler_entrypoint).parent
     properties = dict(settings.lmi_properties)
     properties.setdefault("entryPoint", str(settings.handler_entrypoint))
     return HandlerLoader(LmiHandlerBackend(model_dir, properties))

@@ -234,8 +234,12 @@ def _resolve_model(env: Mapping[str, str], problems: list[str]) -> tuple[str, st
 
 def _handler_entrypoint(env: Mapping[str, str], model: str, problems: list[str]) -> Path | None:
     """Level 4: OPTION_ENTRYPOINT naming a .py file, or a model.py in the model folder."""
-    entry = env.get("OPTION_ENTRYPOINT", "").strip()
     model_dir = Path(model) if model and Path(model).is_dir() else None
+    entry = env.get("OPTION_ENTRYPOINT", "").strip()
+    source = "OPTION_ENTRYPOINT"
+    if not entry and model_dir is not None:             # LMI reads it from the folder too
+        entry = _serving_property(model_dir / "serving.properties", "option.entryPoint")
+        source = "option.entryPoint in serving.properties"
     if entry:
         if not entry.endswith(".py"):
             return None            # a module name LMI ships ("djl_python.vllm"): plain vLLM
@@ -243,12 +247,22 @@ def _handler_entrypoint(env: Mapping[str, str], model: str, problems: list[str])
         if not path.is_absolute() and model_dir is not None:
             path = model_dir / path
         if not path.is_file():
-            problems.append(f"OPTION_ENTRYPOINT={entry!r}: no such file (looked at {path})")
+            problems.append(f"{source}={entry!r}: no such file (looked at {path})")
             return None
         return path
     if model_dir is not None and (model_dir / "model.py").is_file():
         return model_dir / "model.py"
     return None
+
+
+def _serving_property(path: Path, key: str) -> str:
+    if not path.is_file():
+        return ""
+    for line in path.read_text(errors="replace").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name.strip().lower() == key.lower():
+            return value.strip()
+    return ""
 
 
 def _int_setting(env: Mapping[str, str], key: str, default: int, problems: list[str],

@@ -1,0 +1,79 @@
+"""One real server (``serve`` → gunicorn → vLLM on CPU with the tiny model) for the module
+that needs it: engine starts are the expensive part of this suite."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from options.local_server import LocalServer
+
+# Small context so prompt-too-long cases are cheap to build.
+MAX_MODEL_LEN = 1024
+
+
+def server_env(model_dir: Path, **extra: str) -> dict[str, str]:
+    return {"HF_MODEL_ID": str(model_dir), "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "SM_VLLM_ENFORCE_EAGER": "", **extra}
+
+
+class StartedServer:
+    """A LocalServer plus what was seen while it started."""
+
+    def __init__(self, server: LocalServer, states: list[tuple[float, str]], log: Path) -> None:
+        self.server = server
+        self.url = server.url
+        self.states = states
+        self.log = log
+
+    def post(self, path: str, body, **kw) -> requests.Response:
+        return requests.post(self.url + path, json=body, timeout=kw.pop("timeout", 60), **kw)
+
+    def metrics(self) -> dict[str, float]:
+        """Samples of /metrics as {"name{labels}": value}."""
+        out = {}
+        for line in requests.get(self.url + "/metrics", timeout=10).text.splitlines():
+            if line and not line.startswith("#"):
+                key, _, value = line.rpartition(" ")
+                out[key] = float(value)
+        return out
+
+    def metric(self, prefix: str) -> float:
+        """The sum of every sample whose name starts with ``prefix``."""
+        return sum(v for k, v in self.metrics().items() if k.startswith(prefix))
+
+
+@pytest.fixture(scope="module")
+def byo_server(tiny_model, tmp_path_factory):
+    log = tmp_path_factory.mktemp("byo") / "server.log"
+    server = LocalServer(server_env(tiny_model), log_path=log)
+    states: list[tuple[float, str]] = []
+    server.start()
+    try:
+        server.wait_ready(300, on_progress=lambda elapsed, state: states.append((elapsed, state)))
+        yield StartedServer(server, states, log)
+    finally:
+        server.stop()
+
+
+def sse_events(response: requests.Response) -> list:
+    """The JSON payloads of a server-sent-event stream (``[DONE]`` kept as a string)."""
+    events = []
+    for line in response.iter_lines():
+        if line.startswith(b"data: "):
+            data = line[6:]
+            events.append(data.decode() if data == b"[DONE]" else json.loads(data))
+    return events
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")

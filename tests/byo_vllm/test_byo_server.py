@@ -1,0 +1,303 @@
+"""The bring-your-own server through real HTTP, started by its own ``serve`` script, with the
+real vLLM engine on CPU and the tiny model. One server for the whole module; the last test
+stops it with SIGTERM while requests are in flight."""
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import requests
+
+from conftest import MAX_MODEL_LEN, sse_events, wait_for
+
+pytestmark = pytest.mark.engine
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+
+
+def test_ping_503_while_loading_then_200(byo_server):
+    states = [s for _, s in byo_server.states]
+    assert "loading" in states, f"never saw 503 while loading: {states[:5]}"
+    first_answer = next(t for t, s in byo_server.states if s != "down")
+    assert first_answer < 15, f"/ping first answered after {first_answer:.1f} s"
+    assert states[-1] == "ready"
+    assert states.index("loading") < states.index("ready")
+    for method in ("get", "post"):
+        r = getattr(requests, method)(byo_server.url + "/ping", timeout=2)
+        assert r.status_code == 200 and r.content == b""
+
+
+# (route, body builder, expected dialect of the answer)
+def _completion(**kw):
+    return {"prompt": "The deployment spectrum", "max_tokens": 12, "ignore_eos": True, **kw}
+
+
+def _chat(**kw):
+    return {"messages": CHAT, "max_tokens": 12, "ignore_eos": True, **kw}
+
+
+def _tgi(stream=False):
+    return {"inputs": "The deployment spectrum", "stream": stream,
+            "parameters": {"max_new_tokens": 12, "ignore_eos": True, "details": True}}
+
+
+CASES = [
+    ("/v1/completions", _completion, "completion"),
+    ("/v1/chat/completions", _chat, "chat"),
+    ("/invocations", _completion, "completion"),
+    ("/invocations", _chat, "chat"),
+    ("/invocations", lambda **kw: _tgi(**kw), "tgi"),
+]
+
+
+@pytest.mark.parametrize("route,body,dialect", CASES,
+                         ids=[f"{r}-{d}" for r, _, d in CASES])
+def test_route_and_dialect_not_streaming(byo_server, route, body, dialect):
+    r = byo_server.post(route, body(), headers={
+        "X-Amzn-SageMaker-Custom-Attributes": "trace=abc"})
+    assert r.status_code == 200, r.text
+    assert r.headers["X-Amzn-SageMaker-Custom-Attributes"] == "trace=abc"
+    data = r.json()
+    if dialect == "tgi":
+        assert set(data) == {"generated_text", "details"}
+        details = data["details"]
+        assert details["generated_tokens"] == 12 and details["finish_reason"] == "length"
+        assert len(details["tokens"]) == 12
+        assert all(isinstance(t["id"], int) and t["logprob"] <= 0 for t in details["tokens"])
+        assert isinstance(data["generated_text"], str) and data["generated_text"]
+        return
+    assert data["object"] == ("chat.completion" if dialect == "chat" else "text_completion")
+    choice = data["choices"][0]
+    assert choice["finish_reason"] == "length"
+    text = choice["message"]["content"] if dialect == "chat" else choice["text"]
+    assert isinstance(text, str) and text
+    if dialect == "chat":
+        assert choice["message"]["role"] == "assistant"
+    usage = data["usage"]
+    assert usage["completion_tokens"] == 12
+    assert usage["prompt_tokens"] > 0
+    assert usage["total_tokens"] == usage["prompt_tokens"] + 12
+
+
+@pytest.mark.parametrize("route,body,dialect", CASES,
+                         ids=[f"{r}-{d}" for r, _, d in CASES])
+def test_route_and_dialect_streaming(byo_server, route, body, dialect):
+    extra = {} if dialect == "tgi" else {"stream_options": {"include_usage": True}}
+    r = byo_server.post(route, body(stream=True, **extra), stream=True)
+    assert r.status_code == 200, r.text
+    assert r.headers["Content-Type"].startswith("text/event-stream")
+    assert r.headers.get("Transfer-Encoding") == "chunked"
+    events = sse_events(r)
+    if dialect == "tgi":
+        tokens = [e for e in events if e["token"] is not None]
+        assert len(tokens) == 12 == len(events)
+        last = events[-1]
+        assert last["details"]["generated_tokens"] == 12
+        assert last["details"]["finish_reason"] == "length"
+        assert "".join(e["token"]["text"] for e in events) == last["generated_text"]
+        assert all(e["generated_text"] is None for e in events[:-1])
+        return
+    assert events[-1] == "[DONE]"
+    usage_event = events[-2]
+    assert usage_event["choices"] == [] and usage_event["usage"]["completion_tokens"] == 12
+    chunks = events[:-2]
+    expected_object = "chat.completion.chunk" if dialect == "chat" else "text_completion"
+    assert all(c["object"] == expected_object for c in chunks)
+    assert len({c["id"] for c in chunks}) == 1
+    finishes = [c["choices"][0]["finish_reason"] for c in chunks]
+    assert finishes[-1] == "length" and all(f is None for f in finishes[:-1])
+    if dialect == "chat":
+        assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+        text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks)
+    else:
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+    assert text
+
+
+def test_streamed_text_matches_the_same_request_not_streamed(byo_server):
+    body = {"prompt": "Time to first token", "max_tokens": 20, "temperature": 0,
+            "ignore_eos": True}
+    whole = byo_server.post("/v1/completions", body).json()["choices"][0]["text"]
+    events = sse_events(byo_server.post("/v1/completions", dict(body, stream=True), stream=True))
+    assert "".join(e["choices"][0]["text"] for e in events[:-1]) == whole
+
+
+def test_models_and_metrics(byo_server):
+    models = requests.get(byo_server.url + "/v1/models", timeout=5).json()
+    assert models["data"][0]["max_model_len"] == MAX_MODEL_LEN
+    samples = byo_server.metrics()
+    assert any(k.startswith('byo_requests_total{route="/v1/completions",status="200"}')
+               for k in samples)
+    for name in ("byo_time_to_first_token_seconds_count", "byo_e2e_request_latency_seconds_count",
+                 "byo_output_tokens_total", "byo_prompt_tokens_total", "byo_requests_running",
+                 "byo_requests_waiting", "vllm:num_requests_running", "vllm:num_requests_waiting"):
+        assert any(k.startswith(name) for k in samples), name
+    assert byo_server.metric("byo_output_tokens_total") >= 12
+
+
+def _tgi_stream(url: str, i: int, max_tokens: int) -> tuple[int, list[dict]]:
+    body = {"inputs": f"Request number {i}: the cheapest way to serve", "stream": True,
+            "parameters": {"max_new_tokens": max_tokens, "ignore_eos": True, "details": True}}
+    r = requests.post(url + "/invocations", json=body, stream=True, timeout=120)
+    return r.status_code, sse_events(r)
+
+
+def test_64_concurrent_streams_exact_and_unmixed_while_ping_stays_fast(byo_server):
+    n, max_tokens = 64, 48
+    ping_times: list[float] = []
+    stop = threading.Event()
+
+    def pinger():
+        while not stop.is_set():
+            started = time.monotonic()
+            r = requests.get(byo_server.url + "/ping", timeout=5)
+            ping_times.append(time.monotonic() - started)
+            assert r.status_code == 200
+            time.sleep(0.05)
+
+    ping_thread = threading.Thread(target=pinger)
+    ping_thread.start()
+    try:
+        with ThreadPoolExecutor(n) as pool:
+            results = list(pool.map(lambda i: _tgi_stream(byo_server.url, i, max_tokens),
+                                    range(n)))
+    finally:
+        stop.set()
+        ping_thread.join()
+    streamed_texts = []
+    for status, events in results:
+        assert status == 200
+        tokens = [e["token"] for e in events]
+        assert len(tokens) == max_tokens, "a stream lost or gained tokens"
+        assert [e["index"] for e in events] == list(range(max_tokens))
+        last = events[-1]
+        assert last["details"]["generated_tokens"] == max_tokens
+        assert "".join(t["text"] for t in tokens) == last["generated_text"]
+        streamed_texts.append(last["generated_text"])
+    assert len(ping_times) >= 5 and max(ping_times) < 2.0, max(ping_times)
+
+    # Greedy decoding: each stream must match its own prompt's answer, asked again. Batch
+    # composition can shift a near-tie now and then, but mixed-up streams would match ~never.
+    def again(i):
+        body = {"inputs": f"Request number {i}: the cheapest way to serve",
+                "parameters": {"max_new_tokens": max_tokens, "ignore_eos": True}}
+        return byo_server.post("/invocations", body).json()["generated_text"]
+
+    with ThreadPoolExecutor(n) as pool:
+        reference = list(pool.map(again, range(n)))
+    same = sum(a == b for a, b in zip(streamed_texts, reference))
+    assert same >= 0.9 * n, f"only {same}/{n} streams match their own prompt's answer"
+    assert len(set(streamed_texts)) > n // 2
+
+
+def test_disconnected_stream_is_aborted_in_the_engine(byo_server):
+    generated_before = byo_server.metric("vllm:generation_tokens_total")
+    aborted_before = byo_server.metric("byo_requests_aborted_total")
+    body = json.dumps({"prompt": "A long answer", "max_tokens": MAX_MODEL_LEN - 16,
+                       "ignore_eos": True, "stream": True}).encode()
+    host, port = byo_server.url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)), timeout=10)
+    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                   b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    received = b""
+    while received.count(b"data: ") < 3:
+        received += client.recv(4096)
+    assert received.startswith(b"HTTP/1.1 200")
+    assert wait_for(lambda: byo_server.metric("vllm:num_requests_running") == 1, 10,
+                    "the request to run")
+    client.close()                                   # the client goes away mid-stream
+    wait_for(lambda: byo_server.metric("vllm:num_requests_running") == 0, 10,
+             "the engine to drop the request")
+    assert byo_server.metric("byo_requests_aborted_total") == aborted_before + 1
+    generated = byo_server.metric("vllm:generation_tokens_total") - generated_before
+    assert generated < (MAX_MODEL_LEN - 16) / 2, f"the engine kept generating: {generated}"
+
+
+BAD_INPUTS = [
+    # (route, raw body, status, words the message must contain)
+    ("/invocations", b"{not json", 400, ["not valid JSON"]),
+    ("/invocations", b'["a list"]', 400, ["JSON object"]),
+    ("/invocations", b'{"text": "hi"}', 400, ["unknown request dialect", "messages", "inputs"]),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": "ten"}', 400, ["max_tokens",
+                                                                       "whole number"]),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": -5}', 400, ["max_tokens=-5",
+                                                                    "at least 1"]),
+    ("/v1/completions", b'{"prompt": "hi", "max_tokens": 1000000000}', 400,
+     ["max_tokens=1000000000", f"max_model_len {MAX_MODEL_LEN}"]),
+    ("/invocations", b'{"inputs": "hi", "parameters": {"max_new_tokens": 5000}}', 400,
+     ["parameters.max_new_tokens=5000", "at most"]),
+    ("/v1/completions", b'{"prompt": 42}', 400, ["prompt must be a string"]),
+    ("/v1/chat/completions", b'{"messages": [{"role": "wizard", "content": "x"}]}', 400,
+     ["messages[0].role", "user"]),
+    ("/v1/chat/completions", b'{"messages": "hello"}', 400, ["messages must be"]),
+    ("/v1/completions", b'{"prompt": "hi", "temperature": -1}', 400, ["temperature=-1"]),
+    ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400, ["stream must be true or false"]),
+    ("/invocations", b'{"inputs": "hi", "parameters": {"top_p": 0}}', 400,
+     ["parameters.top_p=0", "greater than 0"]),
+]
+
+
+@pytest.mark.parametrize("route,body,status,words", BAD_INPUTS,
+                         ids=[f"{i}" for i in range(len(BAD_INPUTS))])
+def test_bad_input_is_named_and_refused(byo_server, route, body, status, words):
+    r = requests.post(byo_server.url + route, data=body,
+                      headers={"Content-Type": "application/json"}, timeout=30)
+    assert r.status_code == status, r.text
+    error = r.json()["error"]
+    for word in words:
+        assert word in error["message"], (word, error["message"])
+
+
+def test_prompt_longer_than_the_context(byo_server):
+    r = byo_server.post("/v1/completions", {"prompt": "spectrum " * (2 * MAX_MODEL_LEN)})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert error["param"] == "prompt"
+    assert f"max_model_len) is {MAX_MODEL_LEN}" in error["message"]
+    assert f"at most {MAX_MODEL_LEN - 1} tokens" in error["message"]
+
+
+def test_body_over_6_mb_is_413(byo_server):
+    body = b'{"prompt": "' + b"x" * (6 * 1024 * 1024 + 10) + b'"}'
+    r = requests.post(byo_server.url + "/invocations", data=body,
+                      headers={"Content-Type": "application/json"}, timeout=60)
+    assert r.status_code == 413
+    assert "6 MB" in r.json()["error"]["message"]
+
+
+def test_unknown_route_is_json_404(byo_server):
+    r = requests.get(byo_server.url + "/nope", timeout=5)
+    assert r.status_code == 404
+    assert "/invocations" in r.json()["error"]["message"]
+
+
+def test_server_still_serves_after_bad_input(byo_server):
+    r = byo_server.post("/invocations", {"prompt": "Still here?", "max_tokens": 3,
+                                         "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+    assert byo_server.metric('byo_request_errors_total{kind="bad_request"') >= len(BAD_INPUTS) \
+        or byo_server.metric("byo_request_errors_total") >= len(BAD_INPUTS)
+
+
+def test_sigterm_finishes_requests_in_flight_then_exits_0(byo_server):
+    """Last in the module: it stops the server."""
+    n, max_tokens = 8, MAX_MODEL_LEN - 64          # long enough to still run at SIGTERM
+    with ThreadPoolExecutor(n + 1) as pool:
+        futures = [pool.submit(_tgi_stream, byo_server.url, i, max_tokens) for i in range(n)]
+        wait_for(lambda: byo_server.metric("byo_requests_running") >= n, 20,
+                 "the requests to start streaming")
+        byo_server.server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        with pytest.raises((requests.ConnectionError, requests.Timeout)):   # no new work
+            requests.get(byo_server.url + "/ping", timeout=2)
+        results = [f.result(timeout=60) for f in futures]
+    for status, events in results:
+        assert status == 200
+        assert len(events) == max_tokens
+        assert events[-1]["details"]["generated_tokens"] == max_tokens
+    assert byo_server.server.process.wait(60) == 0
