@@ -517,6 +517,8 @@ def check_checkov(folder: Path, timeout_s: float = 180) -> Check:
         for skipped in results.get("skipped_checks", []):
             result = skipped.get("check_result") or {}
             reason = (result.get("suppress_comment") or skipped.get("suppress_comment") or "").strip()
+            if reason == "No comment provided":      # what checkov fills in for a bare skip
+                reason = ""
             line = f"{skipped['check_id']} {skipped.get('resource')}: {reason or '(no reason)'}"
             check.skipped.append(line)
             if not reason:
