@@ -12,8 +12,6 @@ from typing import Any, Callable
 
 from options.plan import BadInput
 
-Handler = Callable[[argparse.Namespace], "tuple[dict[str, Any], Callable[[dict[str, Any]], None]]"]
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()

@@ -210,5 +210,13 @@ class BreakEven:
                 f"(shortfall x{parity / cap:.2f}); {tail}.")
 
 
+def tokens(n: float) -> str:
+    """1.23e10 -> '12.3 B': numbers people read at a glance."""
+    for size, suffix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k")):
+        if n >= size:
+            return f"{n / size:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
 def apply_discount(hourly: float, discount_pct: float) -> float:
     return hourly * (1 - check_discount(discount_pct) / 100)

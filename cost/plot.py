@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cost.breakeven import tokens
 from cost.fleet import Fleet, Traffic, bedrock_cost
 from cost.prices import TokenPrice
-from cost.render import tokens
 from options.plan import BadInput
 
 # Colours per rung group, readable on white and in greyscale print.

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from cost.breakeven import tokens
 from cost.fleet import DAYS_PER_MONTH, Fleet, Traffic, bedrock_cost, compare
 from cost.prices import TokenPrice
 from options.spectrum import RUNGS
@@ -45,7 +46,7 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
               fleets: list[Fleet] | None = None, min_savings_pct: float = 30.0,
               tier: str = "on_demand") -> dict[str, Any]:
     floor = req.floor
-    why = req.reasons() or ["you only need the model's output: nothing forces you past Bedrock"]
+    why = req.reasons() or ["no requirement given forces you past Bedrock: the decision tree stops at rung 1"]
     flip: list[str] = []
     costs = None
     level = floor
@@ -99,7 +100,7 @@ def _cost_flips(level: int, floor: int, traffic: Traffic, price: TokenPrice, fle
                              f"rung {fleet.level} cheaper with {fleet.capacity.output_tokens_per_second:,.0f} output "
                              f"tok/s per replica: replicas sized for the peak sit idle too much of the time")
             else:
-                flips.append(f"traffic above {volume:,.3g} tokens/month (now {traffic.tokens_per_month:,.3g}) makes rung "
+                flips.append(f"traffic above {tokens(volume)} tokens/month (now {tokens(traffic.tokens_per_month)}) makes rung "
                              f"{fleet.level} cheaper than Bedrock; it is recommended once it saves {min_savings_pct:g} %")
             need = _capacity_to_match(fleet, traffic, bedrock_monthly)
             if need is None:
@@ -112,8 +113,11 @@ def _cost_flips(level: int, floor: int, traffic: Traffic, price: TokenPrice, fle
                              f"{fleet.capacity.output_tokens_per_second:,.0f}) would make rung {fleet.level} "
                              f"cost no more than Bedrock at this traffic")
         elif volume is not None:
-            flips.append(f"traffic below {volume:,.3g} tokens/month (now {traffic.tokens_per_month:,.3g}) makes "
+            flips.append(f"traffic below {tokens(volume)} tokens/month (now {tokens(traffic.tokens_per_month)}) makes "
                          f"Bedrock cheaper again")
+    if level == 2 and floor < 3:
+        flips.append("rungs 3-5 bill the same instance-hours: if the model is not a JumpStart one-click deploy, "
+                     "rung 3 (your model on LMI) costs the same")
     eks = next((f for f in fleets if f.level == 6), None)
     if eks is not None and level != 6 and floor <= 6:
         chosen = next((f for f in fleets if f.level == level), None)

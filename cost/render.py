@@ -8,19 +8,13 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from cost.breakeven import tokens
+
 # A terminal gets its own width; a pipe or a file gets room for the widest table.
 console = Console(width=None if sys.stdout.isatty() else 120)
 # Short names that fit a table row; the JSON carries the full names from options.spectrum.
 SHORT_NAMES = {1: "Bedrock", 2: "JumpStart", 3: "LMI + config", 4: "LMI + model.py", 5: "own image",
                6: "EKS (EC2)"}
-
-
-def tokens(n: float) -> str:
-    """1.23e10 -> '12.3 B': numbers people read at a glance."""
-    for size, suffix in ((1e12, " T"), (1e9, " B"), (1e6, " M"), (1e3, " k")):
-        if n >= size:
-            return f"{n / size:.3g}{suffix}"
-    return f"{n:.3g}"
 
 
 def _money(value: float | None, digits: int = 4) -> str:

@@ -232,7 +232,7 @@ def test_recommend_weighs_cost():
     # replica speed would at this volume.
     small = cli_json("recommend", *traffic, "--tokens-per-month", "1e9")
     assert small["level"] == 1
-    assert any("traffic above 7.25e+09 tokens/month" in f and "makes rung 2 cheaper" in f for f in small["flip"])
+    assert any("traffic above 7.25 B tokens/month (now 1 B)" in f and "makes rung 2 cheaper" in f for f in small["flip"])
     assert any("always-on replica(s) alone cost $1,901.94/month" in f for f in small["flip"])
     # Enough traffic but a slow replica: the flip says how fast a replica would have to be. Bedrock's
     # $7,875 pays for 5 replicas over the active hours, so each must carry 20,000 / 5 tok/s = 1,000 output.

@@ -223,3 +223,17 @@ def test_cli_refresh_without_credentials_fails_cleanly(tmp_path):
     assert "Price List API could not be read" in proc.stderr and "credentials" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not out.exists()
+
+
+def test_the_cli_prices_with_a_refreshed_file(pricing, small_table, tmp_path):
+    client, stubber = pricing
+    stub_price_list(stubber)
+    doc, report = refresh(client, small_table, region=REGION, today=TODAY)
+    path = write(doc, report, tmp_path / f"prices-{TODAY}.json")
+    proc = subprocess.run([sys.executable, "-m", "cost", "breakeven", "--prices", str(path), "--model",
+                           "meta.llama3-1-8b-instruct-v1:0", "--instance", "ml.g5.xlarge", "--json"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["hourly_usd"] == 1.38 and data["blended_price_per_million"] == 0.22
+    assert any(f"as of {TODAY}" in a for a in data["assumptions"])
