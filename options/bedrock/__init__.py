@@ -48,8 +48,18 @@ class BedrockDeployment:
     region: str = DEFAULT_REGION
     extra: dict[str, Any] = field(default_factory=dict)
 
+    # What the deploy CLI reports for every rung: here nothing was created and nothing waited.
+    created: list[str] = field(default_factory=list)
+    reused: list[str] = field(default_factory=list)
+    elapsed_s: float = 0.0
+
     @property
     def model_id(self) -> str:
+        return self.spec.model_id
+
+    @property
+    def endpoint_name(self) -> str:
+        """Where requests go: the model id (or inference profile) itself."""
         return self.spec.model_id
 
     def to_json(self) -> dict[str, Any]:
@@ -153,6 +163,11 @@ def run_local(spec: BedrockSpec, args: argparse.Namespace) -> int:
 
 def apply(plan: Plan, target: Any) -> BedrockDeployment:
     spec: BedrockSpec = plan.extra["spec"]
+    if getattr(target, "kind", None) == "emulator":
+        # moto has no Bedrock runtime (no Converse), so there is nothing to exercise there.
+        raise BadInput("level 1 has no emulator: the local AWS emulator (moto) does not implement "
+                       "Bedrock's Converse. See the request and its cost with --plan, or send it "
+                       "with --target aws")
     region = getattr(target, "region", None) or spec.region
     if region != spec.region:
         spec = replace(spec, region=region)
@@ -182,21 +197,21 @@ def status(spec: BedrockSpec, target: Any) -> dict[str, Any]:
     out: dict[str, Any] = {"level": LEVEL, "model_id": spec.model_id, "region": spec.region,
                            "resources": [], "cost": cost_estimate(spec)}
     if not getattr(target, "is_cloud", False):
-        out["state"] = "nothing deployed (Bedrock runs only in AWS; nothing bills while idle)"
+        out["status"] = "nothing deployed (Bedrock runs only in AWS; nothing bills while idle)"
         return out
     prefix, base = split_profile(spec.model_id)
     bedrock = target.client("bedrock")
     try:
         if prefix:
             info = bedrock.get_inference_profile(inferenceProfileIdentifier=spec.model_id)
-            out["state"] = info.get("status", "unknown")
+            out["status"] = info.get("status", "unknown")
         else:
             details = bedrock.get_foundation_model(modelIdentifier=base)["modelDetails"]
-            out["state"] = (details.get("modelLifecycle") or {}).get("status", "unknown")
+            out["status"] = (details.get("modelLifecycle") or {}).get("status", "unknown")
             out["streaming"] = details.get("responseStreamingSupported")
             out["inference_types"] = details.get("inferenceTypesSupported")
     except Exception as exc:  # status reports; it never fails the command over a lookup
-        out["state"] = "unknown"
+        out["status"] = "unknown"
         out["error"] = str(explain(exc, spec.model_id, spec.region))
     return out
 

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="ask for exactly the output length (servers that support it; not Bedrock)")
     load.add_argument("--temperature", type=float)
     load.add_argument("--warmup", type=int, default=1, help="unmeasured requests sent first (1)")
+    load.add_argument("--no-calibrate", action="store_true",
+                      help="take one word as one token instead of measuring the target's tokenizer "
+                           "(two unmeasured one-token requests)")
     load.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
@@ -85,7 +88,7 @@ def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, 
     dialect = args.dialect or ("tgi" if level == 2 else "openai-completions")
     if args.url:
         yield runner.http_target(args.url, dialect, args.path, args.timeout), \
-            {"url": args.url, "path": args.path, "dialect": dialect}
+            {"url": args.url, "path": args.path, "dialect": dialect, "served_model": served_model(args.url)}
         return
     if level == 1:
         if args.target == "local":
@@ -109,7 +112,20 @@ def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, 
         raise BadInput("level 6 runs on EKS: give the service's --url (e.g. from kubectl port-forward)")
     with _local_server(args, say) as url:
         yield runner.http_target(url, dialect, args.path, args.timeout), \
-            {"url": url, "dialect": dialect, "server": "started by the bench (containers/byo-vllm)"}
+            {"url": url, "dialect": dialect, "server": "started by the bench (containers/byo-vllm)",
+             "served_model": served_model(url)}
+
+
+def served_model(base_url: str) -> str | None:
+    """The model an OpenAI-style server serves (GET /v1/models), for the report; None if unknown."""
+    import json
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=5) as r:
+            return json.load(r)["data"][0]["id"]
+    except Exception:  # not every server lists its models; the report just says less
+        return None
 
 
 @contextlib.contextmanager
@@ -175,6 +191,13 @@ def _bench(args, profile, template, send, details, console) -> int:
         except Exception as exc:  # the target is unusable: say why, measure nothing
             console.print(f"[red]the target did not answer the warm-up request:[/red] {exc}")
             return 1
+    tokens = None
+    if not args.no_calibrate and not profile.prompt_tokens.texts:
+        try:
+            tokens = runner.calibrate(send, template, profile.seed)
+        except Exception as exc:
+            console.print(f"[red]calibrating prompt lengths failed:[/red] {exc}")
+            return 1
     errors = 0
     with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(),
@@ -186,11 +209,12 @@ def _bench(args, profile, template, send, details, console) -> int:
             errors += 0 if rec.ok else 1
             bar.update(task, completed=n, errors=errors)
 
-        result = runner.run(profile, send, template, on_done)
+        result = runner.run(profile, send, template, on_done, tokens)
     summary = summarize(result.records, result.duration_s)
-    details = {**details, "ignore_eos": args.ignore_eos, "warmup_requests": args.warmup}
+    details = {**details, "ignore_eos": args.ignore_eos, "warmup_requests": args.warmup,
+               "prompt_calibration": tokens.to_json() if tokens else None}
     doc = report.bench_json(summary, profile, level=args.level, target=args.target,
-                            model=args.model or ("tiny model (built in)" if "server" in details else None),
+                            model=args.model or details.get("served_model"),
                             started_at=result.started_at, details=details)
     if args.json:
         report.write_json(doc, args.json)

@@ -109,6 +109,34 @@ def make_prompt(rng: random.Random, words: int, i: int) -> str:
 
 
 @dataclass(frozen=True)
+class PromptTokens:
+    """How a target counts a generated prompt: tokens = overhead + per_word × words.
+
+    The overhead is what the server adds to every prompt (a BOS token, a chat template).
+    """
+    per_word: float = 1.0
+    overhead: float = 0.0
+
+    def words_for(self, tokens: int) -> int:
+        return max(1, round((tokens - self.overhead) / self.per_word))
+
+    @classmethod
+    def fit(cls, short: tuple[int, int], long: tuple[int, int]) -> "PromptTokens":
+        """From two (words, tokens) measurements of prompts made by ``make_prompt``."""
+        (w1, t1), (w2, t2) = short, long
+        per_word = (t2 - t1) / (w2 - w1)
+        if not per_word > 0:
+            return cls()
+        return cls(per_word, max(0.0, t1 - per_word * w1))
+
+    def to_json(self) -> dict[str, float]:
+        return {"tokens_per_word": round(self.per_word, 4), "overhead_tokens": round(self.overhead, 2)}
+
+
+CALIBRATION_WORDS = (16, 96)
+
+
+@dataclass(frozen=True)
 class Profile:
     requests: int
     prompt_tokens: Lengths
@@ -132,8 +160,13 @@ class Profile:
             raise BadInput("give --concurrency, --request-rate, or both: with neither, every "
                            "request would be sent at once")
 
-    def plan(self) -> list[tuple[float, str, int]]:
-        """(send offset in seconds, prompt, max_tokens) for every request, in order."""
+    def plan(self, tokens: "PromptTokens | None" = None) -> list[tuple[float, str, int]]:
+        """(send offset in seconds, prompt, max_tokens) for every request, in order.
+
+        ``tokens`` (measured on the target by ``calibrate``) turns a token length into a word
+        count; without it one word is taken as one token.
+        """
+        tokens = tokens or PromptTokens()
         rng = random.Random(self.seed)
         out, t = [], 0.0
         for i in range(self.requests):
@@ -142,7 +175,7 @@ class Profile:
                 t += rng.gammavariate(self.burstiness, 1.0 / (self.request_rate * self.burstiness))
             n_in = self.prompt_tokens.sample(rng, i)
             texts = self.prompt_tokens.texts
-            prompt = texts[i % len(texts)] if texts else make_prompt(rng, n_in, i)
+            prompt = texts[i % len(texts)] if texts else make_prompt(rng, tokens.words_for(n_in), i)
             out.append((t, prompt, self.output_tokens.sample(rng, i)))
         return out
 

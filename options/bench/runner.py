@@ -6,6 +6,7 @@ bench always streams, since time to first token needs the first chunk's arrival.
 """
 from __future__ import annotations
 
+import random
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -14,7 +15,7 @@ from datetime import datetime, timezone
 from typing import Any, Callable, Iterator
 
 from options.bench.metrics import RequestRecord
-from options.bench.profile import Profile
+from options.bench.profile import CALIBRATION_WORDS, Profile, PromptTokens, make_prompt
 from options.contract import InvokeError, Request, StreamError, StreamEvent, collect
 from options.plan import BadInput
 
@@ -59,14 +60,33 @@ class Run:
     duration_s: float              # first send → last answer
 
 
+def calibrate(send: Send, template: Request, seed: int = 0) -> PromptTokens:
+    """Measure how the target counts generated prompts (two one-token requests, unmeasured).
+
+    So that ``--prompt-tokens 512`` means 512 of the target's own tokens, whatever its tokenizer.
+    """
+    rng = random.Random(seed)
+    points = []
+    for words in CALIBRATION_WORDS:
+        req = replace(template, prompt=make_prompt(rng, words, -words), messages=None,
+                      max_tokens=1, stream=True)
+        res = collect(send(req))
+        if res.usage.input_tokens is None:
+            raise InvokeError("the target reports no prompt token count (usage), so prompt "
+                              "lengths cannot be calibrated: use --no-calibrate", kind="no_usage")
+        points.append((words, res.usage.input_tokens))
+    return PromptTokens.fit(*points)
+
+
 def run(profile: Profile, send: Send, template: Request,
-        on_done: Callable[[int, RequestRecord], None] | None = None) -> Run:
+        on_done: Callable[[int, RequestRecord], None] | None = None,
+        tokens: PromptTokens | None = None) -> Run:
     """Send every request of ``profile`` (arrivals, concurrency cap) and wait for all answers.
 
     ``template`` carries what every request shares (model, ignore_eos, sampling); the profile
-    fills in each prompt and max_tokens.
+    fills in each prompt and max_tokens. ``tokens`` comes from ``calibrate``.
     """
-    schedule = profile.plan()
+    schedule = profile.plan(tokens)
     workers = min(profile.concurrency or profile.requests, profile.requests, MAX_THREADS)
     records: list[RequestRecord | None] = [None] * len(schedule)
     finished, lock = 0, threading.Lock()

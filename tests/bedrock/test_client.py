@@ -275,3 +275,56 @@ def test_apply_and_invoke_through_a_target(monkeypatch):
     assert seen[0]["inferenceConfig"] == {"maxTokens": 9, "stopSequences": ["Z"]}
     assert res.text == "Hello there" and res.usage == Usage(4, 2, token_cost(MODEL, 4, 2))
     assert level1.status(spec, Target("local"))["resources"] == []
+
+
+@pytest.fixture
+def default_session_answers(monkeypatch):
+    """Answers for clients made from boto3's default session (as Target.client makes them)."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    boto3.setup_default_session()
+    sent = []
+
+    def answer(event_name, body):
+        def before_send(request, **_):
+            sent.append((event_name, request))
+            return _json_response(request, 200, body)
+        boto3.DEFAULT_SESSION._session.register(f"before-send.{event_name}", before_send)
+
+    yield answer, sent
+    boto3.DEFAULT_SESSION = None
+
+
+def test_status_looks_the_model_up(default_session_answers):
+    answer, sent = default_session_answers
+    answer("bedrock.GetFoundationModel", {"modelDetails": {
+        "modelArn": "arn:aws:bedrock:us-east-1::foundation-model/" + MODEL, "modelId": MODEL,
+        "responseStreamingSupported": True, "inferenceTypesSupported": ["ON_DEMAND"],
+        "modelLifecycle": {"status": "ACTIVE"}}})
+    st = level1.status(level1.spec_from_args(_args(model=MODEL)), Target("aws"))
+    assert st["status"] == "ACTIVE" and st["streaming"] is True and st["resources"] == []
+    assert sent[0][1].url.endswith("/foundation-models/amazon.nova-micro-v1%3A0")
+    with pytest.raises(BadInput, match="no emulator"):
+        level1.apply(level1.plan(level1.spec_from_args(_args())), Target("emulator", endpoint_url="http://x"))
+
+
+def test_deploy_cli_invokes_level_1_through_this_rung(default_session_answers, capsys):
+    """`python -m options.deploy --level 1 --target aws --invoke ...` end to end, in process."""
+    from options import deploy
+
+    answer, sent = default_session_answers
+    answer("bedrock-runtime.Converse", _answer(text="Bedrock is AWS's model service.", inp=9, out=7))
+    answer("bedrock.GetFoundationModel", {"modelDetails": {
+        "modelArn": "arn:aws:bedrock:us-east-1::foundation-model/" + MODEL, "modelId": MODEL,
+        "modelLifecycle": {"status": "ACTIVE"}}})
+    code = deploy.main(["--level", "1", "--target", "aws", "--invoke", "What is Bedrock?", "--system", "Be brief",
+                        "--max-tokens", "40", "--json"])
+    out = capsys.readouterr()
+    assert code == 0, out.err
+    summary = json.loads(out.out)
+    assert summary["answer"]["text"] == "Bedrock is AWS's model service."
+    assert summary["answer"]["usage"]["cost_usd"] == pytest.approx(token_cost(MODEL, 9, 7))
+    converse = json.loads(next(r for name, r in sent if name == "bedrock-runtime.Converse").body)
+    assert converse["system"] == [{"text": "Be brief"}] and converse["inferenceConfig"]["maxTokens"] == 40
+    assert deploy.main(["--level", "1", "--plan", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["steps"][0]["operation"] == "Converse"

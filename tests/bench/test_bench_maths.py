@@ -8,7 +8,7 @@ import statistics
 import pytest
 
 from options.bench.metrics import RequestRecord, percentile, summarize
-from options.bench.profile import Profile, parse_lengths
+from options.bench.profile import Profile, PromptTokens, parse_lengths
 from options.bench.report import bench_json
 from options.plan import BadInput
 
@@ -111,3 +111,12 @@ def test_bench_json_has_the_interface_shape():
     assert all(set(doc["metrics"][k]) == {"mean", "p50", "p90", "p99"}
                for k in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms"))
     assert set(doc["counts"]) == {"completed", "errors", "input_tokens", "output_tokens"}
+
+
+def test_prompt_calibration_fits_the_targets_token_counts():
+    t = PromptTokens.fit((16, 40), (96, 200))          # 2 tokens a word, 8 added per prompt
+    assert (t.per_word, t.overhead) == (2.0, 8.0)
+    assert t.words_for(208) == 100 and t.words_for(3) == 1
+    p = _profile(requests=5, prompt_tokens=parse_lengths("108", "--prompt-tokens", ()))
+    assert all(len(prompt.split()) == 50 for _, prompt, _ in p.plan(t))
+    assert PromptTokens.fit((16, 5), (96, 5)) == PromptTokens()     # no signal: one word, one token

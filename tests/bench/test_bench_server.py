@@ -51,7 +51,10 @@ def test_cli_counts_exactly_requests_times_max_tokens(bench_file):
     assert doc["schema"] == "spectrum.bench/1" and doc["level"] == 5 and doc["target"] == "local"
     assert doc["counts"]["completed"] == 16 and doc["counts"]["errors"] == {}
     assert doc["counts"]["output_tokens"] == 16 * 24
-    assert doc["counts"]["input_tokens"] >= 16 * 20          # server-counted prompt tokens
+    # Prompts were sized with the server's own token counts (calibration): about 20 each.
+    assert doc["counts"]["input_tokens"] / 16 == pytest.approx(20, rel=0.3)
+    assert doc["details"]["prompt_calibration"]["tokens_per_word"] > 0
+    assert doc["model"] == doc["details"]["served_model"] and doc["model"]   # from GET /v1/models
     m = doc["metrics"]
     assert m["output_tokens_per_second"] == pytest.approx(16 * 24 / doc["duration_s"])
     assert m["requests_per_second"] == pytest.approx(16 / doc["duration_s"])
