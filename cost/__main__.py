@@ -304,8 +304,8 @@ def fleet_inputs(args, need_capacity: bool = True):
         f"traffic: {traffic.avg_tokens_per_second:,.1f} tok/s average, {traffic.peak_tokens_per_second:,.1f} peak, "
         f"{traffic.hours_per_day:g} h/day -> {traffic.tokens_per_month:,.0f} tokens/month at mix {mix.label}",
         *notes,
-        f"{inst.name}: SageMaker ${inst.sagemaker_hourly}/h (rungs 2-5), EC2 ${inst.ec2_hourly}/h (rung 6), "
-        f"as of {inst.as_of}" + (f", less {args.discount:g} %" if args.discount else ""),
+        f"{inst.name}: SageMaker {_hourly(inst.sagemaker_hourly)} (rungs 2-5), EC2 {_hourly(inst.ec2_hourly)} "
+        f"(rung 6), as of {inst.as_of}" + (f", less {args.discount:g} %" if args.discount else ""),
         f"one replica = one instance; replicas = max({args.min_replicas}, ceil(peak / capacity)) while active, "
         f"{args.min_replicas} the rest of the day",
         f"rung 6 adds the EKS control plane (${table.eks_fee('control_plane_extended_support' if args.eks_extended_support else 'control_plane').hourly:g}/h); "
@@ -320,6 +320,10 @@ def fleet_inputs(args, need_capacity: bool = True):
     elif len(by_level) < 5:
         assumptions.append(f"rungs without their own bench use the capacity from {default.origin}")
     return table, price, traffic, fleets, assumptions
+
+
+def _hourly(price: float | None) -> str:
+    return "not in the price table, so those rungs are left out" if price is None else f"${price:g}/h"
 
 
 def cmd_compare(args):

@@ -172,9 +172,15 @@ def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int
     fleets = []
     for level in (*SAGEMAKER_LEVELS, EKS_LEVEL):
         platform = "ec2" if level == EKS_LEVEL else "sagemaker"
+        listed = instance.sagemaker_hourly if platform == "sagemaker" else instance.ec2_hourly
+        if listed is None:  # not offered there, or not in the table: that rung is left out, not guessed
+            continue
         fixed = table.eks_fee(eks_fee).hourly * HOURS_PER_MONTH if level == EKS_LEVEL else 0.0
-        fleets.append(Fleet(level, instance, platform, apply_discount(instance.hourly(platform), discount_pct),
+        fleets.append(Fleet(level, instance, platform, apply_discount(listed, discount_pct),
                             capacities.get(level, default_capacity), int(min_replicas), fixed))
+    if not fleets:
+        raise BadInput(f"{instance.name} has neither a SageMaker nor an EC2 price in the table: choose another "
+                       f"instance type or refresh the table with `python -m cost prices --refresh`")
     return fleets
 
 

@@ -14,6 +14,7 @@ from typing import Any
 from cost.breakeven import tokens
 from cost.fleet import DAYS_PER_MONTH, Fleet, Traffic, bedrock_cost, compare
 from cost.prices import TokenPrice
+from options.plan import BadInput
 from options.spectrum import RUNGS
 
 # (flag dest, lowest rung that satisfies it, why, in the course's words)
@@ -54,6 +55,12 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
         costs = compare(traffic, price, fleets, tier)
         monthly = {r["level"]: r["monthly_usd"] for r in costs["rungs"]}
         feasible = {lvl: usd for lvl, usd in monthly.items() if lvl >= floor}
+        if not feasible:
+            raise BadInput(f"rung {floor} or above is needed, but the table prices none of them for this "
+                           f"instance: choose another --instance")
+        if floor not in feasible:  # e.g. no SageMaker price for the instance: the lowest priced rung above
+            level = min(feasible)
+            why.append(f"rungs {floor}-{level - 1} have no price for this instance, so the lowest priced rung is {level}")
         # Climb one cheaper rung at a time, and only when the step saves enough to pay for the extra work.
         for higher in sorted(feasible):
             if higher <= level or feasible[higher] >= feasible[level]:
@@ -67,7 +74,7 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
             else:
                 why.append(f"rung {higher} would be {saving:.0%} cheaper (${feasible[higher]:,.2f} vs "
                            f"${feasible[level]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
-        if level == floor and min(feasible.values()) == feasible[floor]:
+        if min(feasible.values()) == feasible[level]:
             why.append(f"it is also the cheapest allowed rung: ${feasible[level]:,.2f}/month for "
                        f"{traffic.tokens_per_month:,.0f} tokens/month")
         flip += _cost_flips(level, floor, traffic, price, fleets, tier, min_savings_pct)

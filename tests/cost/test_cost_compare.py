@@ -275,3 +275,12 @@ def test_prices_listing_and_filters():
     assert "qwen.qwen3-32b-v1:0" in cli("prices", "--filter", "qwen").stdout
     assert "closest known: g5.xlarge" in cli("prices", "--filter", "g5.xlargee", code=2).stderr
     assert "known GPU types" in cli("prices", "--gpu", "T4", code=2).stderr
+
+
+def test_an_instance_without_a_sagemaker_price_leaves_rungs_2_to_5_out():
+    data = cli_json("compare", "--model", QWEN, "--instance", "g6e.16xlarge", "--avg", "1000", "--capacity", "800")
+    assert [r["level"] for r in data["rungs"]] == [1, 6]
+    assert any("not in the price table, so those rungs are left out" in a for a in data["assumptions"])
+    rec = cli_json("recommend", "--model", QWEN, "--instance", "g6e.16xlarge", "--avg", "10000", "--capacity", "3000",
+                   "--custom-model")
+    assert rec["level"] == 6 and any("rungs 3-5 have no price" in w for w in rec["why"])
