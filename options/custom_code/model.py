@@ -384,6 +384,7 @@ def parse_parameters(raw: Any, default_max_new_tokens: int) -> GenerationParams:
     check("top_p", 0 < top_p <= 1, "more than 0, at most 1")
     check("top_k", top_k >= 0, "0 (off) or more")
     check("repetition_penalty", raw.get("repetition_penalty", 1.0) > 0, "more than 0")
+    check("seed", 0 <= raw.get("seed", 0) < 2 ** 63, "a whole number from 0 to 2**63 - 1")
     stop = raw.get("stop_sequences", raw.get("stop", []))
     stop = [stop] if isinstance(stop, str) else stop
     if not all(isinstance(s, str) and s for s in stop):
@@ -403,9 +404,12 @@ def _jsonlines(event: Any) -> bytes:
     return (json.dumps(event, ensure_ascii=False) + "\n").encode("utf-8")
 
 
+def _error_message(code: int) -> str:
+    return "prediction failure" if code == 424 or code >= 500 else "invalid request"
+
+
 def _error_body(message: str, code: int) -> dict[str, Any]:
-    return {"code": code, "message": "invalid request" if code < 500 else "prediction failure",
-            "error": message}
+    return {"code": code, "message": _error_message(code), "error": message}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -436,16 +440,13 @@ def serve(generator: TextGenerator, inputs: Input) -> Output:
         except RequestError as exc:
             requests.append(exc)
 
-    if len(batch) == 1 and not inputs.is_batch():
-        only = requests[0]
-        if isinstance(only, RequestError):
-            return outputs.error(str(only), code=only.code, message="invalid request")
-        if only.stream:
-            outputs.add_property("content-type", JSONLINES)
-            outputs.add_stream_content(generator.stream(only.prompts[0], only.params),
-                                       output_formatter=_jsonlines)
-            return outputs
-
+    only = requests[0]
+    if len(batch) == 1 and isinstance(only, Request) and only.stream:
+        # Streams go one at a time (DJL streams only batches of one), even when batch_size > 1.
+        outputs.add_property("content-type", JSONLINES)
+        outputs.add_stream_content(generator.stream(only.prompts[0], only.params),
+                                   output_formatter=_jsonlines)
+        return outputs
     for index, request in enumerate(requests):
         if isinstance(request, Request) and request.stream and len(batch) > 1:
             requests[index] = RequestError(
@@ -456,7 +457,7 @@ def serve(generator: TextGenerator, inputs: Input) -> Output:
     if not inputs.is_batch():
         only = requests[0]
         if isinstance(only, RequestError):
-            return outputs.error(str(only), code=only.code, message="invalid request")
+            return outputs.error(str(only), code=only.code, message=_error_message(only.code))
         outputs.add_property("content-type", "application/json")
         return outputs.add_as_json(only.answer())
     for index, request in enumerate(requests):

@@ -92,6 +92,7 @@ def test_a_bad_item_gets_its_own_error_and_spares_the_rest(handler):
     ({"inputs": "hi", "parameters": {"temperature": -1}}, "temperature=-1 is out of range"),
     ({"inputs": "hi", "parameters": {"top_p": 1.5}}, "top_p=1.5 is out of range"),
     ({"inputs": "hi", "parameters": {"details": "yes"}}, 'details="yes" must be a bool'),
+    ({"inputs": "hi", "parameters": {"seed": 2 ** 70}}, "seed=1180591620717411303424 is out"),
     ({"inputs": "hi", "parameters": [1]}, '"parameters" must be an object'),
     ({"inputs": ["a", "b"], "stream": True}, "takes one prompt"),
     ({"inputs": "hi", "stream": "yes"}, '"stream" must be true or false'),
@@ -124,6 +125,17 @@ def test_streaming_sends_lmi_jsonlines_token_by_token(handler):
     assert last["generated_text"] == expected["generated_text"]
     assert last["details"] == expected["details"]
     assert "".join(line["token"]["text"] for line in lines) == expected["generated_text"]
+
+
+def test_a_stream_streams_in_a_batch_of_one_but_not_among_others(handler):
+    stream = {"inputs": PROMPTS[0], "parameters": {"max_new_tokens": 4}, "stream": True}
+    out = handler.handle(Input.batch_of([request(stream)]))
+    assert out.stream_content is not None
+    assert json.loads(out.stream_output_formatter(list(out.stream_content)[-1]))["details"]
+    shared = handler.handle(Input.batch_of([request(stream), request({"inputs": PROMPTS[0]})]))
+    refused = answer(shared, "batch_0.")
+    assert refused["code"] == 400 and "cannot share a dynamic batch" in refused["error"]
+    assert "generated_text" in answer(shared, "batch_1.")
 
 
 def test_max_new_tokens_and_ignore_eos_bound_the_answer(handler):

@@ -151,6 +151,31 @@ def test_async_handler_and_the_entry_point_option(tmp_path):
     assert json.loads(invoke(served, {"a": 1})[2]) == {"got": {"a": 1}}
 
 
+def test_a_stream_that_breaks_half_way_ends_with_an_error_line(tmp_path):
+    folder = write_handler(tmp_path / "m", """
+        from byo_vllm.djl_standin import Output
+
+        def tokens():
+            yield "first"
+            raise RuntimeError("the accelerator fell over")
+
+        def handle(inputs):
+            if inputs.is_empty():
+                return None
+            out = Output().add_property("Content-Type", "application/jsonlines")
+            return out.add_stream_content(tokens(), output_formatter=lambda t: t + "\\n")
+    """)
+    served = LmiHandlerBackend(folder, {})
+    served.load()
+    status, content_type, chunks = invoke(served, {"inputs": "hi", "stream": True})
+    assert (status, content_type) == (200, "application/jsonlines")
+    chunks = list(chunks)
+    assert chunks[0] == b"first\n"
+    assert json.loads(chunks[1]) == {"code": 424, "message": "prediction failure",
+                                     "error": "the accelerator fell over"}
+    assert invoke(served, {"inputs": "again", "stream": True})[0] == 200
+
+
 def test_a_handler_that_fails_to_load_is_reported_not_raised(tmp_path):
     folder = write_handler(tmp_path / "m", """
         def handle(inputs):

@@ -235,11 +235,11 @@ class LmiHandlerBackend:
         if self._failed:
             log.error("not loading the handler: %s", self._failed)
             return
+        started = time.monotonic()
         try:
             handle = self._import_handle()
             warm_up = Input()
             warm_up.properties.update(self.properties)
-            started = time.monotonic()
             result = self._call(handle, warm_up)
             if result is not None and getattr(result, "code", 200) >= 400:
                 raise RuntimeError(f"the warm-up request answered {result.code}: "
