@@ -423,6 +423,8 @@ def check_serve_configs(docs: Documents) -> Check:
                                         f"worker groups can hold only {capacity} replicas")
         for problem in problems:
             check.fail(where, problem)
+    if not check.checked:
+        check.note = "no RayService in this stack (--engine rayservice renders one)"
     return check
 
 

@@ -52,6 +52,9 @@ def server_env(r: ResolvedSpec) -> list[dict[str, Any]]:
     env += [{"name": "HOME", "value": f"{CACHE_DIR}/home"},
             {"name": "HF_HOME", "value": f"{CACHE_DIR}/huggingface"},
             {"name": "XDG_CACHE_HOME", "value": CACHE_DIR},
+            {"name": "TORCHINDUCTOR_CACHE_DIR", "value": f"{CACHE_DIR}/torchinductor"},
+            # The pod's user has no passwd entry: getpass.getuser() (torch caches) reads $USER.
+            {"name": "USER", "value": "spectrum"},
             hf_token_env()]
     return env
 

@@ -17,3 +17,14 @@ def moto_url():
     from options.aws import emulator
     with emulator() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def schemas():
+    """The upstream schema folder; a clear failure (not a silent skip) when it is missing."""
+    from infra.eks.validate import missing_schemas_note, schema_dir
+
+    folder = schema_dir()
+    if folder is None:
+        pytest.fail(missing_schemas_note())
+    return folder
