@@ -11,8 +11,10 @@ from cost.fleet import Fleet, Traffic, bedrock_cost
 from cost.prices import TokenPrice
 from options.plan import BadInput
 
-# Colours per rung group, readable on white and in greyscale print.
-COLOURS = {1: "#1f77b4", "sagemaker": "#d62728", 6: "#2ca02c"}
+# Colours per rung group, readable on white: Bedrock blue, EKS green, SageMaker groups in warm tones
+# (one per distinct capacity when benches per level differ).
+COLOURS = {1: "#1f77b4", 6: "#2ca02c"}
+SAGEMAKER_COLOURS = ("#d62728", "#ff7f0e", "#9467bd", "#8c564b")
 
 
 def volumes(traffic: Traffic, points: int = 400) -> list[float]:
@@ -54,7 +56,9 @@ def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: 
         fleet = fleets_in_group[0]
         levels = [f.level for f in fleets_in_group]
         label_levels = f"{levels[0]}-{levels[-1]}" if len(levels) > 1 else str(levels[0])
-        colour = COLOURS[6] if fleet.level == 6 else COLOURS["sagemaker"]
+        sagemaker_groups = [g for g in groups.values() if g[0].level != 6]
+        colour = (COLOURS[6] if fleet.level == 6 else
+                  SAGEMAKER_COLOURS[sagemaker_groups.index(fleets_in_group) % len(SAGEMAKER_COLOURS)])
         where = ("EC2 + EKS control plane" if fleet.level == 6 else "SageMaker")
         volume = fleet.breakeven_tokens_per_month(traffic, blended)
         ax.step(xs, [fleet.monthly(s) for s in shapes], where="post", color=colour, lw=2,
