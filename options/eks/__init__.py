@@ -366,7 +366,16 @@ def apply(p: Plan, target) -> EksDeployment:
         _say(f"  exists: reused")
         deployment.reused.append(f"cluster {r.cluster_name}")
     else:
+        import shutil
+
         command = p.steps[0].params["command"]
+        if not shutil.which("helm"):
+            # Checked before the cluster exists: without the add-ons the manifests would fail
+            # and the new cluster would be removed again, 15 minutes later.
+            raise RuntimeError("helm is not on PATH; it installs the add-ons the manifests need "
+                               "(" + ", ".join(s.params["ResourceId"] for s in p.steps
+                                               if s.service == "helm") + "). Install helm "
+                               "(https://helm.sh/docs/intro/install/) and re-run; nothing was created")
         if not eks_api.eksctl_path():
             raise RuntimeError(f"cluster {r.cluster_name} does not exist and eksctl is not on PATH. "
                                f"Create it with:\n    {command}\nthen re-run this command "

@@ -189,3 +189,35 @@ def test_cli_emulator_lifecycle(capsys):
 def test_cli_aws_without_image_is_bad_input(capsys):
     code, _, stderr = run_cli(["--target", "aws"], capsys)
     assert code == 2 and "image is missing" in stderr
+
+
+def test_aws_path_preflight_and_kubeconfig_guard(moto_url, tmp_path, monkeypatch):
+    """The aws target's own checks, with boto3 sent to moto: no helm → nothing created; an
+    existing cluster is reused, and a kubeconfig pointing elsewhere is refused by name."""
+    import options.eks as level6
+    from options.aws import Target
+    from options.plan import BadInput
+
+    monkeypatch.setenv("PATH", str(tmp_path))            # neither helm nor eksctl here
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")    # moto's; never real ones
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    target = Target("aws", "us-east-1", moto_url)
+    spec = level6.Level6Spec(EksSpec(image=IMAGE, cluster_name="aws-path"), str(tmp_path / "out"))
+    plan = level6.plan(spec)
+    with pytest.raises(RuntimeError, match="helm is not on PATH.*nothing was created"):
+        level6.apply(plan, target)
+    assert eks_api.describe_cluster(target.client("eks"), "aws-path") is None
+
+    eks_api.create_cluster_via_api(target, plan.extra["cluster_config"], lambda _: None)
+    with InMemoryKubernetes() as k8s:
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(json.dumps({
+            "apiVersion": "v1", "kind": "Config", "current-context": "other",
+            "clusters": [{"name": "other", "cluster": {"server": k8s.url}}],
+            "contexts": [{"name": "other", "context": {"cluster": "other", "user": "u"}}],
+            "users": [{"name": "u", "user": {"token": "t"}}]}))
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        with pytest.raises(BadInput, match="aws eks update-kubeconfig --name aws-path"):
+            level6.apply(plan, target)
+    assert eks_api.describe_cluster(target.client("eks"), "aws-path") is not None   # kept: not ours to remove
+    eks_api.delete_cluster_via_api(target, "aws-path", lambda _: None)
