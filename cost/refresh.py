@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cost.prices import DATA_DIR, PriceTable, dump_prices
+from options.plan import BadInput
 
 PRICING_ENDPOINT_REGION = "us-east-1"   # the Price List API answers from us-east-1 for every region
+REGION_CODE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d{1,2}")
 BEDROCK_SERVICES = ("AmazonBedrock", "AmazonBedrockFoundationModels")
 # Bedrock rows that are not a per-token inference price for text.
 _NOT_TOKEN_PRICE = re.compile(r"cache|provisioned|customi[sz]ation|custom-model|reserved|latency|"
@@ -124,6 +126,9 @@ def refresh(client, table: PriceTable, region: str = "us-east-1", today: str | N
     """A new price document: the old one with every value the Price List API gave replaced."""
     from botocore.exceptions import BotoCoreError, ClientError
 
+    if not REGION_CODE.fullmatch(region):
+        raise BadInput(f"region {region!r} is not an AWS region code: use one like us-east-1, eu-west-1, "
+                       f"ap-southeast-2 or us-gov-west-1")
     today = today or date.today().isoformat()
     report = RefreshReport(region, today)
     doc = copy.deepcopy(table.doc)
@@ -137,6 +142,9 @@ def refresh(client, table: PriceTable, region: str = "us-east-1", today: str | N
         _refresh_bedrock(client, doc["bedrock"], region, today, report)
     except (BotoCoreError, ClientError) as exc:
         raise RefreshFailed(f"the AWS Price List API could not be read ({exc}); no file was written") from None
+    if not any(report.refreshed.values()):
+        raise RefreshFailed(f"the AWS Price List returned no price for any row in region {region}: is the region "
+                            f"offered for these services? No file was written")
     return doc, report
 
 

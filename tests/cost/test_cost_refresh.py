@@ -237,3 +237,19 @@ def test_the_cli_prices_with_a_refreshed_file(pricing, small_table, tmp_path):
     data = json.loads(proc.stdout)
     assert data["hourly_usd"] == 1.38 and data["blended_price_per_million"] == 0.22
     assert any(f"as of {TODAY}" in a for a in data["assumptions"])
+
+
+def test_a_region_without_prices_writes_nothing(pricing, small_table):
+    client, stubber = pricing
+    for _ in range(2 * 2 + 2):  # EC2 and SageMaker per instance, then the two Bedrock offers: all empty
+        stubber.add_response("get_products", {"FormatVersion": "aws_v1", "PriceList": []})
+    with pytest.raises(RefreshFailed, match="no price for any row in region ap-east-2"):
+        refresh(client, small_table, region="ap-east-2", today=TODAY)
+    stubber.assert_no_pending_responses()
+
+
+@pytest.mark.parametrize("region", ["moon-1", "US-EAST-1", "us-east"])
+def test_a_malformed_region_is_bad_input(small_table, region):
+    from options.plan import BadInput
+    with pytest.raises(BadInput, match="not an AWS region code"):
+        refresh(None, small_table, region=region, today=TODAY)
