@@ -64,6 +64,8 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--instance-price", type=float, metavar="USD_PER_HOUR", help="hourly price of one replica (raw form)")
     b.add_argument("--token-price", type=float, metavar="USD_PER_1M", help="one per-token price for every token (raw form)")
     add_pricing_args(b)
+    b.add_argument("--platform", choices=("sagemaker", "ec2"), default="sagemaker",
+                   help="which hourly price of the instance (default sagemaker)")
     b.add_argument("--utilization", type=float, default=1.0, metavar="U",
                    help="share of each hour the replica serves at its capacity, in (0, 1] (default 1)")
     add_capacity_args(b, repeat=False)
@@ -94,8 +96,6 @@ def build_parser() -> argparse.ArgumentParser:
 def add_pricing_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", metavar="ID", help="Bedrock model id (e.g. qwen.qwen3-32b-v1:0; us./eu./global. profiles accepted)")
     p.add_argument("--instance", metavar="TYPE", help="instance type, ml.g6e.xlarge or g6e.xlarge")
-    p.add_argument("--platform", choices=("sagemaker", "ec2"), default="sagemaker",
-                   help="which hourly price (breakeven; compare prices rungs 2-5 on SageMaker and 6 on EC2)")
     p.add_argument("--mix", metavar="IN:OUT", help="input:output tokens, e.g. 3:1, or summarization, rag, chat, balanced, generation (default chat 3:1)")
     p.add_argument("--discount", type=float, default=0.0, metavar="PCT",
                    help="discount on the hourly price (savings plan, reserved), in [0, 100) %%")
