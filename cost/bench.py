@@ -52,8 +52,11 @@ def measured_at(doc: dict[str, Any]) -> dict[str, Any]:
     }
     if counts.get("input_tokens") and counts.get("output_tokens"):
         info["measured_mix"] = f"{counts['input_tokens'] / counts['output_tokens']:.2f}:1"
-    load = (f"concurrency {profile['concurrency']}" if profile.get("concurrency")
-            else f"{profile.get('request_rate')} req/s (burstiness {profile.get('burstiness', 1.0)})")
+    if profile.get("request_rate") is None:
+        load = f"concurrency {profile.get('concurrency')}"
+    else:  # Poisson arrivals, optionally capped in flight
+        load = (f"{profile['request_rate']:g} req/s (burstiness {profile.get('burstiness', 1.0):g})"
+                + (f", at most {profile['concurrency']} in flight" if profile.get("concurrency") else ""))
     parts = [f"level {doc.get('level')} on {doc.get('target')}", f"model {doc.get('model')}",
              f"{profile.get('requests')} requests at {load}",
              f"prompt {_lengths(profile.get('prompt_tokens'))}, output {_lengths(profile.get('output_tokens'))}"]

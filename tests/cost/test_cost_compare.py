@@ -284,3 +284,14 @@ def test_an_instance_without_a_sagemaker_price_leaves_rungs_2_to_5_out():
     rec = cli_json("recommend", "--model", QWEN, "--instance", "g6e.16xlarge", "--avg", "10000", "--capacity", "3000",
                    "--custom-model")
     assert rec["level"] == 6 and any("rungs 3-5 have no price" in w for w in rec["why"])
+
+
+def test_bench_with_poisson_arrivals_says_so(tmp_path):
+    doc = bench_doc(600.0)
+    doc["profile"].update(request_rate=4.0, burstiness=0.5, concurrency=32)
+    doc["profile"]["output_tokens"] = {"kind": "uniform", "low": 64, "high": 512}
+    path = tmp_path / "poisson.json"
+    path.write_text(json.dumps(doc))
+    data = cli_json("breakeven", "--model", QWEN, "--instance", "g6e.xlarge", "--bench", str(path))
+    summary = data["capacity"]["measured_at"]["summary"]
+    assert "4 req/s (burstiness 0.5), at most 32 in flight" in summary and "output 64-512 tokens" in summary
