@@ -8,7 +8,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any
 
 from options.plan import BadInput
 
@@ -177,7 +177,7 @@ def refresh_table(args, table):
     return {"refresh": report.to_json()}, render.refresh
 
 
-def resolve_capacity(args, bench_level_ok: Callable[[int | None], None] | None = None):
+def resolve_capacity(args):
     """(default Capacity or None, {level: Capacity}) from --capacity and --bench."""
     from cost.bench import load_bench
     from cost.breakeven import check_capacity
@@ -188,13 +188,17 @@ def resolve_capacity(args, bench_level_ok: Callable[[int | None], None] | None =
     for path in benches:
         cap = load_bench(path)
         level = cap.measured_at.get("level")
-        if bench_level_ok:
-            bench_level_ok(level)
-        if level in by_level:
-            raise BadInput(f"two bench files measured level {level}: give one per level")
-        by_level[level] = cap
+        if level is not None and level not in (2, 3, 4, 5, 6):
+            raise BadInput(f"{cap.origin} measured level {level!r}: only a bench of a self-hosted rung (level 2-6) "
+                           f"gives an instance's capacity (Bedrock's throughput is not one)")
+        key = level if level is not None else "unlevelled"  # recorded without --level: applies to every rung
+        if key in by_level:
+            raise BadInput(f"two bench files for {'level ' + str(level) if level else 'no level'}: "
+                           f"give one per level (record it with `python -m options.bench --level N`)")
+        by_level[key] = cap
         if default is None:
             default = cap
+    by_level.pop("unlevelled", None)
     return default, by_level
 
 
@@ -205,7 +209,9 @@ def capacity_notes(cap, mix) -> list[str]:
         if m.get("target") in ("local", "emulator"):
             notes.append(f"the bench ran on target {m.get('target')!r}, not on the priced instance: "
                          f"rerun it against the real endpoint before trusting the answer")
-        if mix is not None:
+        if mix is None:
+            notes.append("raw form: the measured output tok/s is compared as is with the break-even tokens/s")
+        else:
             notes.append("measured output tok/s is converted to input+output tok/s at the traffic's mix, "
                          "assuming decoding limits the replica")
             measured = m.get("measured_mix")
@@ -288,12 +294,7 @@ def fleet_inputs(args, need_capacity: bool = True):
     check_discount(args.discount)
     mix = parse_mix(args.mix)
     traffic, notes = make_traffic(mix, args.avg, args.peak, args.tokens_per_month, args.hours_per_day)
-
-    def level_ok(level):
-        if level not in (2, 3, 4, 5, 6):
-            raise BadInput(f"a bench of level {level!r} cannot size a self-hosted fleet: use one measured on "
-                           f"level 2-6 (Bedrock's throughput is not an instance's capacity)")
-    default, by_level = resolve_capacity(args, level_ok)
+    default, by_level = resolve_capacity(args)
     if default is None:
         raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
                        "(from `python -m options.bench --json FILE`)")

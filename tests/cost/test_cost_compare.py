@@ -200,7 +200,7 @@ def test_compare_takes_one_bench_per_level(bench_file):
 @pytest.mark.parametrize("doc_change, says", [
     ({"schema": "other/1"}, "not a Spectrum bench result"),
     ({"metrics": {"output_tokens_per_second": 0}}, "must be a positive number"),
-    ({"level": 1}, "cannot size a self-hosted fleet"),
+    ({"level": 1}, "only a bench of a self-hosted rung (level 2-6)"),
 ])
 def test_bad_bench_files_exit_2(tmp_path, doc_change, says):
     path = tmp_path / "bench.json"
@@ -295,3 +295,14 @@ def test_bench_with_poisson_arrivals_says_so(tmp_path):
     data = cli_json("breakeven", "--model", QWEN, "--instance", "g6e.xlarge", "--bench", str(path))
     summary = data["capacity"]["measured_at"]["summary"]
     assert "4 req/s (burstiness 0.5), at most 32 in flight" in summary and "output 64-512 tokens" in summary
+
+
+def test_a_bench_without_a_level_applies_to_every_self_hosted_rung(tmp_path):
+    path = tmp_path / "nolevel.json"
+    path.write_text(json.dumps({**bench_doc(500.0), "level": None}))
+    data = cli_json("compare", "--model", QWEN, "--instance", "g6e.xlarge", "--avg", "3000", "--peak", "6000",
+                    "--bench", str(path))
+    # 500 output tok/s = 2,000 tok/s at 3:1 -> 3 replicas for a 6,000 tok/s peak, on every self-hosted rung.
+    assert [r.get("replicas_at_peak") for r in data["rungs"][1:]] == [3] * 5
+    assert cli_json("breakeven", "--model", QWEN, "--instance", "g6e.xlarge",
+                    "--bench", str(path))["capacity"]["output_tokens_per_second"] == 500.0
