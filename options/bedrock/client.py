@@ -110,6 +110,8 @@ def explain(exc: Exception, model_id: str, region: str, attempts: int | None = N
     code, message = _client_error_parts(exc)
     if isinstance(exc, StreamError):
         code, message = "ModelStreamError", str(exc)
+    # Errors inside a stream are spelled in lower camel case (throttlingException).
+    code = code[:1].upper() + code[1:]
     tried = f" after {attempts} attempts" if attempts else ""
     if code == "AccessDeniedException":
         return BedrockError(

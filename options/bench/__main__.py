@@ -11,7 +11,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import os
 import sys
+import time
+import urllib.request
 from typing import Any, Iterator
 
 from options.plan import BadInput
@@ -118,9 +122,6 @@ def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, 
 
 def served_model(base_url: str) -> str | None:
     """The model an OpenAI-style server serves (GET /v1/models), for the report; None if unknown."""
-    import json
-    import urllib.request
-
     try:
         with urllib.request.urlopen(base_url.rstrip("/") + "/v1/models", timeout=5) as r:
             return json.load(r)["data"][0]["id"]
@@ -138,7 +139,10 @@ def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
     else:
         from options.tiny_model import tiny_model_dir
         model = str(tiny_model_dir())
-    say(f"starting the local server with {model} (stopped when the bench ends)")
+    logs = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
+    os.makedirs(logs, exist_ok=True)
+    log_path = os.path.join(logs, f"bench-server-{int(time.time())}.log")
+    say(f"starting the local server with {model} (log: {log_path}; stopped when the bench ends)")
     seen: set[str] = set()
 
     def progress(elapsed_s: float, state: str) -> None:
@@ -146,9 +150,19 @@ def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
             seen.add(state)
             say(f"  {elapsed_s:5.0f} s  {state}")
 
-    with LocalServer({"HF_MODEL_ID": model}) as server:
+    with LocalServer({"HF_MODEL_ID": model}, log_path=log_path) as server:
         server.wait_ready(600, on_progress=progress)
         yield server.url
+
+
+def request_model(args: argparse.Namespace) -> str | None:
+    """The model name each request carries: Bedrock needs one; a server started here needs none."""
+    if args.level == 1 and not args.url:
+        from options.bedrock import DEFAULT_MODEL
+        return args.model or DEFAULT_MODEL
+    if args.url or args.target != "local":
+        return args.model
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -161,9 +175,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         profile = profile_from_args(args)
         from options.contract import Request
-        template = Request(prompt="-", model=args.model if (args.url or args.target != "local"
-                                                             or args.level == 1) else None,
-                           ignore_eos=args.ignore_eos, temperature=args.temperature, stream=True)
+        template = Request(prompt="-", model=request_model(args), ignore_eos=args.ignore_eos,
+                           temperature=args.temperature, stream=True)
         with open_target(args, say) as (send, details):
             return _bench(args, profile, template, send, details, console)
     except BadInput as exc:
@@ -214,7 +227,7 @@ def _bench(args, profile, template, send, details, console) -> int:
     details = {**details, "ignore_eos": args.ignore_eos, "warmup_requests": args.warmup,
                "prompt_calibration": tokens.to_json() if tokens else None}
     doc = report.bench_json(summary, profile, level=args.level, target=args.target,
-                            model=args.model or details.get("served_model"),
+                            model=template.model or args.model or details.get("served_model"),
                             started_at=result.started_at, details=details)
     if args.json:
         report.write_json(doc, args.json)

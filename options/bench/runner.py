@@ -34,7 +34,7 @@ def error_kind(exc: BaseException) -> str:
         return "timeout"
     if isinstance(exc, BadInput):
         return "rejected"
-    code = getattr(exc, "code", "")
+    code = getattr(exc, "code", "") or (getattr(exc, "response", None) or {}).get("Error", {}).get("Code")
     return code if isinstance(code, str) and code else type(exc).__name__
 
 
