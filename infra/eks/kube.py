@@ -86,9 +86,13 @@ class KubeApi:
 
     @classmethod
     def from_kubeconfig(cls, context: str | None = None) -> "KubeApi":
+        import os
+
         from kubernetes import config
 
-        return cls(config.new_client_from_config(context=context))
+        # The client reads $KUBECONFIG once, at import: read it now, as kubectl does.
+        return cls(config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"),
+                                                 context=context))
 
     @classmethod
     def from_url(cls, url: str) -> "KubeApi":
