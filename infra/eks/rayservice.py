@@ -70,8 +70,9 @@ def _ray_container(r: ResolvedSpec, name: str, ports: list[tuple[str, int]],
 
 def ray_service(r: ResolvedSpec) -> dict[str, Any]:
     pool_key, pool_value = r.pool_label
-    head_resources = {"requests": {"cpu": "2", "memory": "8Gi"},
-                      "limits": {"cpu": "2", "memory": "8Gi"}}
+    # The head schedules no model work (num-gpus 0): it fits on a system node.
+    head_resources = {"requests": {"cpu": "1", "memory": "4Gi"},
+                      "limits": {"cpu": "1", "memory": "4Gi"}}
     pod_labels = r.labels("ray")
     head = {
         "rayStartParams": {"num-gpus": "0", "dashboard-host": "0.0.0.0"},
@@ -79,7 +80,7 @@ def ray_service(r: ResolvedSpec) -> dict[str, Any]:
             "containers": [_ray_container(r, "ray-head", [
                 ("gcs", 6379), ("dashboard", 8265), ("client", 10001), ("serve", 8000),
                 ("metrics", 8080)], head_resources)],
-            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "2Gi"}}],
+            "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": "1Gi"}}],
         }},
     }
     worker = {

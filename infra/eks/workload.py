@@ -18,11 +18,15 @@ PROBE_PERIOD_S = 10
 
 
 def namespace(r: ResolvedSpec) -> dict[str, Any]:
+    # The server runs as a non-root user with no extra privileges: enforce that. KubeRay adds
+    # containers of its own (the autoscaler sidecar) that the restricted profile may refuse,
+    # so a RayService namespace enforces baseline and only warns about restricted.
+    enforce = "restricted" if r.engine == "deployment" else "baseline"
     return {"apiVersion": "v1", "kind": "Namespace",
             "metadata": {"name": r.namespace, "labels": {
                 "app.kubernetes.io/part-of": "spectrum",
-                # The server runs as a non-root user with no extra privileges.
-                "pod-security.kubernetes.io/enforce": "restricted"}}}
+                "pod-security.kubernetes.io/enforce": enforce,
+                "pod-security.kubernetes.io/warn": "restricted"}}}
 
 
 def service_account(r: ResolvedSpec) -> dict[str, Any]:
@@ -186,6 +190,9 @@ def network_policy(r: ResolvedSpec) -> dict[str, Any]:
                for ns in (edge_ns, _chart_namespace("kube-prometheus-stack"))]
     component = "server" if r.engine == "deployment" else "ray"
     pods = {"app.kubernetes.io/name": r.name, "app.kubernetes.io/component": component}
+    if r.engine == "rayservice":   # the operator reaches the head's dashboard to deploy Serve
+        from_ns.append({"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": _chart_namespace("kuberay-operator")}}})
     ingress: list[dict[str, Any]] = [{"from": from_ns}]
     if r.engine == "rayservice":   # Ray's head and workers talk to each other on many ports
         ingress.append({"from": [{"podSelector": {"matchLabels": pods}}]})
