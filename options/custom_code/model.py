@@ -154,10 +154,12 @@ class TextGenerator:
         log.info("loaded %s on %s (%s)", settings.model, settings.device, self.model.dtype)
 
     # --- one generate() call for prompts that share their parameters -------------------------
-    def generate(self, prompts: list[str], params: "GenerationParams") -> list["Completion"]:
+    def generate(self, prompts: list[str], params: "GenerationParams",
+                 streamer: "TokenStreamer | None" = None) -> list["Completion"]:
         encoded = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.settings.device)
         with torch.no_grad():
-            output = self.model.generate(**encoded, **self._generate_kwargs(params))
+            output = self.model.generate(**encoded, streamer=streamer,
+                                         **self._generate_kwargs(params))
         prompt_width = encoded["input_ids"].shape[1]
         input_tokens = encoded["attention_mask"].sum(dim=1).tolist()
         return [self._completion(prompt, row[prompt_width:].tolist(), int(n), params)
@@ -204,7 +206,7 @@ class TextGenerator:
 
         def run() -> None:
             try:
-                result["completion"] = self.generate_one_streamed(prompt, params, streamer)
+                result["completion"] = self.generate([prompt], params, streamer)[0]
             except Exception as exc:  # reported in the stream; the thread must not die silently
                 log.exception("generation failed")
                 result["error"] = exc
@@ -231,15 +233,6 @@ class TextGenerator:
             yield {"token": last, **completion.as_json(params, with_details=True)}
 
         return events()
-
-    def generate_one_streamed(self, prompt: str, params: "GenerationParams",
-                              streamer: "TokenStreamer") -> "Completion":
-        encoded = self.tokenizer([prompt], return_tensors="pt").to(self.settings.device)
-        with torch.no_grad():
-            output = self.model.generate(**encoded, streamer=streamer,
-                                         **self._generate_kwargs(params))
-        width = encoded["input_ids"].shape[1]
-        return self._completion(prompt, output[0][width:].tolist(), width, params)
 
 
 def _eos_ids(model, tokenizer) -> set[int]:
