@@ -239,6 +239,8 @@ def run_local(spec: Level6Spec, args: argparse.Namespace) -> int:
     written = rendered.write(out_dir)
     say(f"Level 6 — EKS, rendered into {out_dir}/ ({len(written)} files); validating "
         "(schemas, yamllint, checkov: ~10 s) ...")
+    for warning in r.warnings:
+        say(f"warning: {warning}")
     started = time.monotonic()
     report = validate_rendered(rendered, out_dir)
     elapsed = time.monotonic() - started
@@ -255,7 +257,8 @@ def run_local(spec: Level6Spec, args: argparse.Namespace) -> int:
                  "at_max_replicas": rendered.gpu_count(r.max_replicas),
                  "node_pool_limit": r.gpu_limit},
         "cost": p.cost, "validation": report.to_json(), "validation_s": round(elapsed, 1),
-        "notes": p.notes,
+        "warnings": list(r.warnings),
+        "notes": [n for n in p.notes if n not in r.warnings],
     }
     if args.json:
         print(json.dumps(summary, indent=2, default=str))

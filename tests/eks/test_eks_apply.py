@@ -154,7 +154,7 @@ def test_cli_local_renders_and_validates(tmp_path, capsys):
     assert summary["gpus"]["at_max_replicas"] == 15
     assert summary["cost"]["platform"] == "ec2" and summary["cost"]["eks_cluster_hourly"] == 0.1
     assert summary["cost"]["hourly_usd"] == pytest.approx(3 * 1.006 + 0.1)
-    assert any("ingress-nginx is retired" in n for n in summary["notes"])
+    assert any("ingress-nginx is retired" in w for w in summary["warnings"])
 
 
 def test_cli_bad_spec_exits_2_before_rendering(tmp_path, capsys):
