@@ -146,17 +146,37 @@ class TextGenerator:
         self.tokenizer.padding_side = "left"
         if self.tokenizer.pad_token is None:
             self.tokenizer.pad_token = self.tokenizer.eos_token
+        # Several GPUs (ml.g5.12xlarge has 4): spread the layers over all of them.
+        spread = settings.device == "cuda" and torch.cuda.device_count() > 1
         self.model = AutoModelForCausalLM.from_pretrained(
             settings.model, dtype=_torch_dtype(settings.dtype, settings.device),
-            trust_remote_code=settings.trust_remote_code)
-        self.model.to(settings.device).eval()
+            trust_remote_code=settings.trust_remote_code,
+            **({"device_map": "auto"} if spread else {}))
+        if not spread:
+            self.model.to(settings.device)
+        self.model.eval()
+        self.device = self.model.device          # where inputs go (the first layer's device)
         self.eos_ids = _eos_ids(self.model, self.tokenizer)
+        self.max_positions = getattr(self.model.config, "max_position_embeddings", None)
         log.info("loaded %s on %s (%s)", settings.model, settings.device, self.model.dtype)
+
+    def check_fits(self, request: "Request") -> None:
+        """Refuse, before any batch runs, a prompt that would outgrow the model's context."""
+        if not self.max_positions:
+            return
+        for index, prompt in enumerate(request.prompts):
+            tokens = len(self.tokenizer(prompt)["input_ids"])
+            if tokens + request.params.max_new_tokens > self.max_positions:
+                which = "the prompt" if request.single else f"prompt {index}"
+                raise RequestError(
+                    f"{which} has {tokens} tokens; with max_new_tokens="
+                    f"{request.params.max_new_tokens} that is more than the model's "
+                    f"{self.max_positions}-token context: shorten it or lower max_new_tokens")
 
     # --- one generate() call for prompts that share their parameters -------------------------
     def generate(self, prompts: list[str], params: "GenerationParams",
                  streamer: "TokenStreamer | None" = None) -> list["Completion"]:
-        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.settings.device)
+        encoded = self.tokenizer(prompts, return_tensors="pt", padding=True).to(self.device)
         with torch.no_grad():
             output = self.model.generate(**encoded, streamer=streamer,
                                          **self._generate_kwargs(params))
@@ -429,7 +449,9 @@ def serve(generator: TextGenerator, inputs: Input) -> Output:
     requests: list[Request | RequestError] = []
     for item in batch:
         try:
-            requests.append(parse_request(item, generator.settings.max_new_tokens))
+            request = parse_request(item, generator.settings.max_new_tokens)
+            generator.check_fits(request)
+            requests.append(request)
         except RequestError as exc:
             requests.append(exc)
 

@@ -104,6 +104,16 @@ def test_bad_requests_get_a_400_that_names_the_problem(handler, body, needle):
     assert error["code"] == 400 and needle in error["error"], error
 
 
+def test_a_prompt_longer_than_the_context_is_refused_alone(handler):
+    too_long = "serving " * 2100
+    batch = Input.batch_of([request({"inputs": too_long}),
+                            request({"inputs": PROMPTS[0], "parameters": {"details": True}})])
+    out = handler.handle(batch)
+    refused = answer(out, "batch_0.")
+    assert refused["code"] == 400 and "2048-token context" in refused["error"]
+    assert answer(out, "batch_1.")["details"]["generated_tokens"] >= 1
+
+
 def test_text_plain_body_is_the_prompt(handler):
     expected = alone(handler, PROMPTS[0], details=False, max_new_tokens=30)
     out = handler.handle(request(PROMPTS[0].encode(), content_type="text/plain"))
