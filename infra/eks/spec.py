@@ -247,7 +247,8 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
 
     problems: list[str] = []
     warnings: list[str] = []
-    _check_image(problems, spec.image)
+    if spec.engine != "rayservice":       # a RayService runs Ray's LLM image, not ours
+        _check_image(problems, spec.image)
     if not spec.model or not spec.model.strip():
         problems.append("model is missing: give --model, a Hugging Face id such as "
                         f"{DEFAULT_MODEL} (or an s3:// prefix the image can read)")
@@ -345,6 +346,9 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if inst.gpus % gpus:
         warnings.append(f"{inst.name} has {inst.gpus} GPUs and each replica takes {gpus}: "
                         f"{inst.gpus % gpus} GPU(s) per node stay idle")
+    if spec.engine == "rayservice" and spec.image:
+        warnings.append(f"--image is not used by --engine rayservice: the RayService runs "
+                        f"{pinned('ray_llm_image')}")
     if spec.edge == "nginx":
         warnings.append("ingress-nginx is retired (no fixes after March 2026): --edge nginx is kept "
                         "only for the course's legacy annotations; prefer --edge gateway")

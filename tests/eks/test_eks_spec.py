@@ -82,3 +82,9 @@ def test_defaults_fill_from_catalogue(prices):
     assert (r.instance.name, r.gpus_per_replica, r.pipeline_parallel_size) == ("g5.12xlarge", 4, 2)
     assert r.rate_limit_burst == 5 * r.rate_limit_rps
     assert r.karpenter_gpu_name == "a10g"
+
+
+def test_rayservice_needs_no_image_and_says_an_image_is_unused(prices):
+    assert resolve(EksSpec(engine="rayservice"), prices).warnings == ()
+    r = resolve(EksSpec(engine="rayservice", image=IMAGE), prices)
+    assert any("--image is not used by --engine rayservice" in w for w in r.warnings)
