@@ -106,7 +106,10 @@ def _shared_arguments(parser: argparse.ArgumentParser) -> None:
 def build_parser(level: int | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m options.deploy", description="Deploy an LLM at one rung of the AWS spectrum.",
-        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
+        # Without --level, --help lists every rung's flags; flags several rungs share
+        # (--role-arn, --lmi-version) are then shown once, under the last rung that has them.
+        conflict_handler="error" if level is not None else "resolve")
     _shared_arguments(parser)
     for r in RUNGS if level is None else [rung(level)]:
         try:
@@ -277,7 +280,9 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
         say(f"ready after {summary['ready_s']} s: GET {server.url}/ping → 200")
 
         request = sample_request(args)
-        streamed = Request(**{**request.__dict__, "stream": True})  # streaming measures TTFT
+        # Streaming measures TTFT; random weights often stop at once, so the tiny model's sample
+        # ignores end-of-sequence and generates --max-tokens, exercising batching and streaming.
+        streamed = Request(**{**request.__dict__, "stream": True, "ignore_eos": source.tiny})
         say(f"sample request ({dialect} dialect, POST /invocations): {request.prompt!r}")
         t0 = time.perf_counter()
         events = []
@@ -354,6 +359,9 @@ def run_cloud(module, spec, args, say: _Console, target) -> dict[str, Any]:
 
     request = sample_request(args)
     if target.kind == "emulator":
+        if request.stream:  # moto has no InvokeEndpointWithResponseStream (FACTS §6)
+            say("  (the emulator can't stream responses: invoking without --stream)")
+            request.stream = False
         _queue_emulator_answer(target, deployment, request)
     if target.kind == "emulator" or args.invoke:
         from options.contract import collect

@@ -81,6 +81,9 @@ def spec_from_args(args: argparse.Namespace) -> CustomCodeSpec:
     serving_properties(properties)  # validates the options before anything is built
     if not cloud:
         return CustomCodeSpec(args.name or "local", source, properties, secrets)
+    if args.status or args.down:  # only the name matters: don't build an archive to delete things
+        return CustomCodeSpec(sm.validate_name(args.name or sm.default_name(LEVEL, str(source.path or "tiny-model"))),
+                              source, properties, secrets)
 
     basics = sm.endpoint_basics(args, LEVEL, str(source.path or "tiny-model"), DEFAULT_INSTANCE)
     work = package_dir() / basics["name"]

@@ -132,3 +132,22 @@ def test_down_cleans_up_what_a_broken_run_left(target, build, inventory):
     removed = module.down(spec, target)
     assert len(removed) == 2
     assert inventory(target)["models"] == [] and inventory(target)["endpoint_configs"] == []
+
+
+def test_aws_without_docker_prints_the_commands_and_leaves_nothing(emulator_url, build, inventory,
+                                                                   monkeypatch, target):
+    from options.aws import Target
+    from options.sagemaker import docker_available
+
+    if docker_available():
+        pytest.skip("a Docker daemon runs here: the image would really be built")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    aws_like = Target("aws", "us-east-1", emulator_url)  # the aws code path, sent to moto
+    _, _, plan = build("--level", "5", "--target", "aws")
+    with pytest.raises(DeployFailed) as failed:
+        apply_plan(plan, aws_like, lambda _: None)
+    message = str(failed.value)
+    assert "no Docker daemon" in message and "docker push 123456789012.dkr.ecr" in message
+    assert "--image-uri" in message
+    assert inventory(target)["repositories"] == [] and inventory(target)["models"] == []

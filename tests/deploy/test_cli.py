@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -121,3 +122,18 @@ def test_separate_status_and_down_against_a_running_emulator(emulator_url, targe
     assert down.returncode == 0 and any(r.startswith("model ") for r in json.loads(down.stdout)["removed"])
     after = subprocess.run(base + ["--status", "--json"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert json.loads(after.stdout)["status"] == "absent"
+
+
+def test_aws_target_prints_endpoint_invoke_cost_and_teardown(emulator_url, target, queue_answer):
+    """The aws code path end to end, its requests sent to moto through --endpoint-url."""
+    queue_answer({"generated_text": "a GPU does many sums at once"})
+    env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+    done = subprocess.run([sys.executable, "-m", "options.deploy", "--level", "3", "--target", "aws",
+                           "--endpoint-url", emulator_url, "--invoke", "What does a GPU do?"],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "InService: spectrum-l3-mistral-7b-instruct-v0-3" in out
+    assert "answer (spectrum-l3-mistral-7b-instruct-v0-3): 'a GPU does many sums at once'" in out
+    assert "cost while it runs: $1.408/hour" in out
+    assert "--down" in out and "--status" in out and "--invoke" in out
