@@ -487,7 +487,44 @@ def checkov_binary() -> str | None:
     return None
 
 
+def ray_pods(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """The pods a RayService's templates make, so checkov (which skips custom kinds) sees them."""
+    cluster = (doc.get("spec") or {}).get("rayClusterConfig") or {}
+    groups = [("head", cluster.get("headGroupSpec") or {})] + [
+        (g.get("groupName", "workers"), g) for g in cluster.get("workerGroupSpecs") or []]
+    meta = doc.get("metadata") or {}
+    out = []
+    for group, spec in groups:
+        template = spec.get("template") or {}
+        out.append({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {**(template.get("metadata") or {}),
+                                 "name": f"{meta.get('name')}-{group}",
+                                 "namespace": meta.get("namespace")},
+                    "spec": template.get("spec") or {}})
+    return out
+
+
+def _checkov_tree(folder: Path, scratch: Path) -> Path:
+    """A copy of ``folder`` plus the pods of each RayService in it."""
+    tree = scratch / "manifests"
+    shutil.copytree(folder, tree)
+    pods = [pod for path in sorted(folder.rglob("*.yaml"))
+            for doc in yaml.safe_load_all(path.read_text())
+            if isinstance(doc, dict) and doc.get("kind") == "RayService"
+            for pod in ray_pods(doc)]
+    if pods:
+        (tree / "zz-rayservice-pods.yaml").write_text(yaml.safe_dump_all(pods, sort_keys=False))
+    return tree
+
+
 def check_checkov(folder: Path, timeout_s: float = 180) -> Check:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="spectrum-checkov-") as scratch:
+        return _run_checkov(_checkov_tree(Path(folder), Path(scratch)), timeout_s)
+
+
+def _run_checkov(folder: Path, timeout_s: float) -> Check:
     check = Check("checkov (kubernetes)")
     binary = checkov_binary()
     if binary is None:
