@@ -169,8 +169,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     from rich.console import Console
 
-    console = Console(stderr=args.json == "-")
-
+    console = Console(stderr=args.json == "-")     # stdout belongs to the JSON then
     say = console.print
     try:
         profile = profile_from_args(args)
@@ -184,6 +183,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         console.print("interrupted")
+        return 1
+    except Exception as exc:  # a failure to report, not a traceback (SPECTRUM_DEBUG=1 shows it)
+        if os.environ.get("SPECTRUM_DEBUG"):
+            raise
+        console.print(f"[red]failed:[/red] {exc}")
         return 1
 
 
@@ -211,6 +215,9 @@ def _bench(args, profile, template, send, details, console) -> int:
         except Exception as exc:
             console.print(f"[red]calibrating prompt lengths failed:[/red] {exc}")
             return 1
+        if tokens is None:
+            console.print("the target reports no prompt token counts: prompts are sized at one "
+                          "word per token (counts.input_tokens stays 0)")
     errors = 0
     with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(),

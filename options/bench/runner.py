@@ -60,10 +60,11 @@ class Run:
     duration_s: float              # first send → last answer
 
 
-def calibrate(send: Send, template: Request, seed: int = 0) -> PromptTokens:
+def calibrate(send: Send, template: Request, seed: int = 0) -> PromptTokens | None:
     """Measure how the target counts generated prompts (two one-token requests, unmeasured).
 
-    So that ``--prompt-tokens 512`` means 512 of the target's own tokens, whatever its tokenizer.
+    So that ``--prompt-tokens 512`` means 512 of the target's own tokens, whatever its
+    tokenizer. None when the target reports no prompt token counts.
     """
     rng = random.Random(seed)
     points = []
@@ -72,8 +73,7 @@ def calibrate(send: Send, template: Request, seed: int = 0) -> PromptTokens:
                       max_tokens=1, stream=True)
         res = collect(send(req))
         if res.usage.input_tokens is None:
-            raise InvokeError("the target reports no prompt token count (usage), so prompt "
-                              "lengths cannot be calibrated: use --no-calibrate", kind="no_usage")
+            return None
         points.append((words, res.usage.input_tokens))
     return PromptTokens.fit(*points)
 
