@@ -51,11 +51,14 @@ class Plan:
 # Names whose values are secrets wherever they appear (env maps, headers, parameters).
 _SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_KEY|CREDENTIAL|PRIVATE_KEY)",
                           re.IGNORECASE)
+# Names that point at a secret rather than hold one (Kubernetes `secretKeyRef`, `secretName`,
+# an ARN in Secrets Manager): their values are safe to show.
+_REFERENCE_NAME = re.compile(r"(Ref|Name|Arn|_ARN)$")
 MASK = "****"
 
 
 def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name))
+    return bool(_SECRET_NAME.search(name)) and not _REFERENCE_NAME.search(name)
 
 
 def mask_value(value: Any) -> str:
