@@ -128,6 +128,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     known, _ = pre.parse_known_args(argv)
     if known.level is not None:
         rung(known.level)  # UnknownLevel: exit 2 naming the rungs
+    elif not {"-h", "--help"} & set(argv):
+        raise BadInput("--level N is required: " + "; ".join(f"{r.level} = {r.name}" for r in RUNGS)
+                       + ". e.g. python -m options.deploy --level 3 (see --help)")
     return build_parser(known.level).parse_args(argv)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from options import sagemaker as sm
-from options.plan import BadInput, Plan, Step
+from options.plan import BadInput, Plan, Step, mask_secrets
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -139,6 +139,7 @@ def run_local(spec: ByoImageSpec, args: argparse.Namespace) -> int:
         env["HF_MODEL_ID"] = spec.source.hub_id
     else:
         env["SM_VLLM_MODEL"] = str(spec.source.local_folder())
-    shown = " ".join(f"{k}={v}" for k, v in env.items() if k != "SM_VLLM_MODEL") or "(defaults)"
+    shown = " ".join(f"{k}={v}" for k, v in mask_secrets(env).items() if k != "SM_VLLM_MODEL") \
+        or "(defaults)"
     return serve_locally(env, args, level=LEVEL, dialect=DIALECT,
                          what=f"the image's own server with {shown}", source=spec.source)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import sagemaker as sm
-from options.plan import BadInput, Plan
+from options.plan import BadInput, Plan, mask_secrets
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -147,5 +147,5 @@ def run_local(spec: LmiSpec, args: argparse.Namespace) -> int:
 
 
 def _options_line(config) -> str:
-    opts = {k: v for k, v in config.env().items() if k.startswith("OPTION_")}
+    opts = mask_secrets({k: v for k, v in config.env().items() if k.startswith("OPTION_")})
     return " ".join(f"{k}={v}" for k, v in opts.items()) or "(LMI defaults)"

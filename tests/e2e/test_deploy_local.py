@@ -23,7 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.engine]
 def test_local_once_serves_a_sample(level, tiny_model):
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     done = subprocess.run([sys.executable, "-m", "options.deploy", "--level", str(level), "--once",
-                           "--json", "--max-tokens", "16", "--invoke", "Say hello."],
+                           "--json", "--max-tokens", "16", "--invoke", "Say hello.",
+                           "--option", "HF_TOKEN=hf_e2e_secret_value"],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads(done.stdout)
@@ -32,3 +33,4 @@ def test_local_once_serves_a_sample(level, tiny_model):
     assert answer["text"], summary
     assert 0 < answer["timings"]["ttft_s"] <= answer["timings"]["e2e_s"]
     assert "RANDOM" in done.stderr and "GET http://127.0.0.1:" in done.stderr
+    assert "hf_e2e_secret_value" not in done.stdout + done.stderr
