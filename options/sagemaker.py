@@ -415,6 +415,13 @@ def _exists(clients: _Clients, step: Step) -> bool:
                 ScalableDimension=p["ScalableDimension"])["ScalableTargets"]
             return any(t["MinCapacity"] == p["MinCapacity"] and t["MaxCapacity"] == p["MaxCapacity"]
                        for t in found)
+        elif step.operation == "PutScalingPolicy":
+            found = clients("application-autoscaling").describe_scaling_policies(
+                ServiceNamespace=p["ServiceNamespace"], ResourceId=p["ResourceId"],
+                PolicyNames=[p["PolicyName"]])["ScalingPolicies"]
+            want = p["TargetTrackingScalingPolicyConfiguration"]
+            return any(f.get("TargetTrackingScalingPolicyConfiguration", {}).get("TargetValue")
+                       == want["TargetValue"] for f in found)
         else:
             return False
         return True

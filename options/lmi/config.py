@@ -268,8 +268,11 @@ def fit(config: LmiConfig, shape: ModelShape, instance) -> FitReport:
     heads = shape.num_attention_heads
     if heads and heads % tp:
         divisors = [d for d in range(1, gpus + 1) if gpus % d == 0 and heads % d == 0]
-        raise BadInput(f"tensor parallel degree {tp} does not divide the model's {heads} attention "
-                       f"heads ({shape.source}): use one of {', '.join(map(str, divisors))}")
+        implied = "" if "tensor_parallel_degree" in config.options else \
+            f" (LMI's default tensor_parallel_degree=max uses all {gpus} GPUs of {name})"
+        raise BadInput(f"tensor parallel degree {tp}{implied} does not divide the model's {heads} "
+                       f"attention heads ({shape.source}): set OPTION_TENSOR_PARALLEL_DEGREE to one "
+                       f"of {', '.join(map(str, divisors))}")
     skipped = []
     if not heads:
         skipped.append("attention heads unknown: tensor parallel checked against the GPUs only")

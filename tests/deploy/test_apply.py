@@ -58,8 +58,9 @@ def test_apply_status_invoke_down(level, target, build, inventory, queue_answer)
     assert module.status(spec, target)["status"] == "absent"
 
 
-def test_rerun_creates_nothing_twice(target, build, inventory):
-    _, spec, plan = build(*LEVEL_ARGS[4])
+@pytest.mark.parametrize("level", [3, 4])
+def test_rerun_creates_nothing_twice(level, target, build, inventory):
+    _, spec, plan = build(*LEVEL_ARGS[level])
     first = apply_plan(plan, target, lambda _: None)
     before = inventory(target)
     second = apply_plan(plan, target, lambda _: None)

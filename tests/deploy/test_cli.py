@@ -33,7 +33,14 @@ def test_tensor_parallel_that_does_not_divide_the_heads(capsys):
     code, _, err = run(capsys, "--level", "3", "--plan", "--instance-type", "ml.g5.48xlarge",
                        "--model", "Qwen/Qwen2.5-7B-Instruct", "--option", "tensor_parallel_degree=8")
     assert code == 2 and "does not divide the model's 28 attention heads" in err
-    assert "use one of 1, 2, 4" in err
+    assert "OPTION_TENSOR_PARALLEL_DEGREE to one of 1, 2, 4" in err
+
+
+def test_default_tensor_parallel_is_explained_when_it_does_not_fit_the_heads(capsys, tiny_model):
+    code, _, err = run(capsys, "--level", "3", "--plan", "--instance-type", "ml.g5.12xlarge",
+                       "--model", str(tiny_model))
+    assert code == 2 and "default tensor_parallel_degree=max uses all 4 GPUs" in err
+    assert "model's 2 attention heads" in err and "one of 1, 2" in err
 
 
 def test_70b_on_one_a10g_names_the_numbers_and_what_fits(capsys):
