@@ -144,26 +144,30 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
 
 def _cost(rendered) -> dict[str, Any]:
     from cost import hourly_cost_line, load_prices
+    from infra.eks.cluster import SYSTEM_NODES
 
     r = rendered.resolved
     table = load_prices()
     nodes_min, nodes_max = r.nodes_for(r.min_replicas), r.nodes_for(r.max_replicas)
+    # The control plane and the small system node group are paid whatever the GPU count.
+    system = hourly_cost_line(system_instance_type(), count=SYSTEM_NODES, platform="ec2",
+                              table=table)
+    fixed_hourly = table.eks_cluster_hourly + system["hourly_usd"]
     line = hourly_cost_line(r.instance.name, count=nodes_min, platform="ec2",
-                            extra_hourly=table.eks_cluster_hourly, table=table)
+                            extra_hourly=fixed_hourly, table=table)
     at_max = hourly_cost_line(r.instance.name, count=nodes_max, platform="ec2",
-                              extra_hourly=table.eks_cluster_hourly, table=table)
+                              extra_hourly=fixed_hourly, table=table)
     return {**line, "eks_cluster_hourly": table.eks_cluster_hourly,
+            "system_nodes": f"{SYSTEM_NODES} x {system_instance_type()}",
+            "system_nodes_hourly": system["hourly_usd"],
             "gpus": nodes_min * r.instance.gpus, "gpus_at_max": nodes_max * r.instance.gpus,
-            "nodes_at_max": nodes_max, "monthly_usd_at_max": at_max["monthly_usd"],
-            "not_priced": f"the system node group ({pinned_system()}): the price table lists GPU "
-                          "instances only"}
+            "nodes_at_max": nodes_max, "monthly_usd_at_max": at_max["monthly_usd"]}
 
 
-def pinned_system() -> str:
-    from infra.eks.cluster import SYSTEM_NODES
+def system_instance_type() -> str:
     from infra.eks.spec import pinned
 
-    return f"{SYSTEM_NODES} x {pinned('system_instance_type')}"
+    return pinned("system_instance_type")
 
 
 def helm_command(chart: dict[str, Any]) -> str:
@@ -210,9 +214,9 @@ def plan(spec: Level6Spec) -> Plan:
     notes = list(spec.notes) + list(r.warnings)
     cost = _cost(rendered)
     notes.append(f"cost counts {cost['count']} GPU node(s) at --min-replicas {r.min_replicas} "
-                 f"plus the EKS control plane; at --max-replicas {r.max_replicas}: "
-                 f"{cost['nodes_at_max']} node(s), ${cost['monthly_usd_at_max']:,.0f}/month; "
-                 f"not priced: {cost['not_priced']}")
+                 f"plus the EKS control plane and the system nodes ({cost['system_nodes']}); "
+                 f"at --max-replicas {r.max_replicas}: "
+                 f"{cost['nodes_at_max']} node(s), ${cost['monthly_usd_at_max']:,.0f}/month")
     return Plan(LEVEL, steps, cost=cost, notes=notes,
                 extra={"rendered": rendered, "documents": rendered.documents(),
                        "cluster_config": rendered.cluster_config, "out_dir": spec.out_dir})

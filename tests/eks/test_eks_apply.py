@@ -153,7 +153,9 @@ def test_cli_local_renders_and_validates(tmp_path, capsys):
     assert {"file": "manifests/40-edge.yaml", "resource": "Ingress/spectrum/llm"} in summary["resources"]
     assert summary["gpus"]["at_max_replicas"] == 15
     assert summary["cost"]["platform"] == "ec2" and summary["cost"]["eks_cluster_hourly"] == 0.1
-    assert summary["cost"]["hourly_usd"] == pytest.approx(3 * 1.006 + 0.1)
+    # 3 GPU nodes, the EKS control plane, and the two m6i.xlarge system nodes
+    assert summary["cost"]["hourly_usd"] == pytest.approx(3 * 1.006 + 0.1 + 2 * 0.192)
+    assert summary["cost"]["system_nodes"] == "2 x m6i.xlarge"
     assert any("ingress-nginx is retired" in w for w in summary["warnings"])
 
 
