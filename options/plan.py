@@ -49,7 +49,7 @@ class Plan:
 
 
 # Names whose values are secrets wherever they appear (env maps, headers, parameters).
-_SECRET_NAME = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|PRIVATE_KEY)",
+_SECRET_NAME = re.compile(r"(TOKEN(?!S|IZE|_ID)|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|PRIVATE_KEY)",
                           re.IGNORECASE)
 # Names that point at a secret rather than hold one (Kubernetes `secretKeyRef`, `secretName`,
 # an ARN in Secrets Manager): their values are safe to show.

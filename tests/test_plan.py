@@ -32,3 +32,10 @@ def test_plan_json_masks_step_parameters():
     assert plan.to_json() == {"level": 3, "cost": {"hourly_usd": 1.0}, "notes": ["n"],
                               "steps": [{"service": "sagemaker", "operation": "CreateModel",
                                          "params": {"Environment": {"HF_TOKEN": MASK}}}]}
+
+
+def test_token_counts_and_tokenizer_settings_are_not_secrets():
+    settings = {"max_new_tokens": 64, "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS": "4096",
+                "tokenizer_mode": "auto", "eos_token_id": 2, "HF_TOKEN": "hf_live",
+                "github_token": "ghp"}
+    assert mask_secrets(settings) == {**settings, "HF_TOKEN": MASK, "github_token": MASK}

@@ -69,8 +69,7 @@ def resolve_properties(properties: dict[str, str]) -> dict[str, str]:
     resolved = dict(DEFAULTS)
     for name, value in properties.items():
         key = property_key(name)
-        # "tokens" (max_new_tokens, ...) counts tokens; "token" alone (HF_TOKEN) is a secret.
-        if is_secret_name(re.sub("tokens", "", key, flags=re.IGNORECASE)):
+        if is_secret_name(key):
             raise BadInput(f"{name} looks like a secret: serving.properties ends up in "
                            f"model.tar.gz on S3, so secrets don't belong there; give it to the "
                            f"model as an environment variable instead (e.g. HF_TOKEN)")
