@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import re
 import shutil
 import tarfile
 import tempfile
