@@ -145,7 +145,7 @@ def run_local(spec: BedrockSpec, args: argparse.Namespace) -> int:
     table = Table(title=f"Level 1 (Bedrock): {spec.model_id} in {spec.region}", show_header=False)
     step = p.steps[0]
     table.add_row("request", f"bedrock-runtime {step.operation}")
-    table.add_row("body", json.dumps(step.params, indent=1))
+    table.add_row("body", json.dumps(step.params))
     c = p.cost
     if "input_per_million_usd" in c:
         table.add_row("price per 1M tokens", f"${c['input_per_million_usd']} input / "

@@ -222,8 +222,7 @@ def test_plan_is_the_converse_request_and_its_cost(capsys):
                                              "--stop", "END"], invoke="x" * 400, model="us.amazon.nova-micro-v1:0"))
     p = level1.plan(spec).to_json()
     assert p["level"] == 1 and p["steps"][0]["operation"] == "Converse"
-    # Read the Step itself: Plan.to_json's secret mask also hides "maxTokens" (it matches TOKEN).
-    params = level1.plan(spec).steps[0].params
+    params = p["steps"][0]["params"]                 # as --plan --json prints it (maxTokens unmasked)
     assert params["inferenceConfig"] == {"maxTokens": 100, "topP": 0.5, "stopSequences": ["###", "END"]}
     assert params["system"] == [{"text": "Be terse"}] and params["modelId"] == "us.amazon.nova-micro-v1:0"
     cost = p["cost"]
