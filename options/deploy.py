@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from options.plan import BadInput, Plan, mask_secrets
-from options.sagemaker import progress_to
+from options.sagemaker import main_param, progress_to
 from options.spectrum import RUNGS, UnknownLevel, rung, rung_module
 
 DEFAULT_PROMPT = "Explain in one sentence what a GPU does."
@@ -151,7 +151,7 @@ def print_plan(plan: Plan, say: _Console, rung_name: str) -> None:
     for i, step in enumerate(plan.steps, 1):
         if step.operation == "PutObject" and len(uploads) > 3 and step is not uploads[0]:
             continue  # one row stands for a folder's uploads
-        resource = _main_param(step) or _summary(step.params)
+        resource = main_param(step) or _summary(step.params)
         if step.operation == "PutObject" and len(uploads) > 3:
             resource = f"{len(uploads)} files to s3://{step.params['Bucket']}/{step.params['Key'].rsplit('/', 1)[0]}/"
         table.add_row(str(i), f"{step.service}.{step.operation}", resource)
@@ -194,11 +194,6 @@ def mask_secrets_text(text: str) -> str:
         key, sep, value = line.partition("=")
         out.append(f"{key}={MASK}" if sep and is_secret_name(key) and value else line)
     return "\n".join(out) + ("\n" if text.endswith("\n") else "")
-
-
-def _main_param(step) -> str:
-    from options.sagemaker import _main_param as main_param
-    return main_param(step)
 
 
 def _summary(params: dict[str, Any]) -> str:

@@ -542,9 +542,9 @@ def _rollback(clients: _Clients, done: list[Step], progress: Progress, poll_s: f
             send(clients, step.undo)
             if step.undo.operation == "DeleteEndpoint":
                 _wait_deleted(clients("sagemaker"), step.params["EndpointName"], poll_s)
-            progress(f"- {step.undo.operation} {_main_param(step.undo)}")
+            progress(f"- {step.undo.operation} {main_param(step.undo)}")
         except Exception as exc:  # keep going: remove as much as possible, say what is left
-            progress(f"  could not {step.undo.operation} {_main_param(step.undo)}: "
+            progress(f"  could not {step.undo.operation} {main_param(step.undo)}: "
                      f"{_describe_error(exc)} — remove it with --down")
 
 
@@ -561,9 +561,10 @@ def _wait_settled(sagemaker, endpoint_name: str, poll_s: float, timeout_s: float
         time.sleep(poll_s)
 
 
-def _main_param(step: Step) -> str:
+def main_param(step: Step) -> str:
+    """The name of what a request acts on, for one-line progress and tables."""
     for key in ("EndpointName", "EndpointConfigName", "ModelName", "repositoryName", "Key",
-                "Bucket", "ResourceId", "PolicyName"):
+                "Bucket", "PolicyName", "ResourceId"):
         if key in step.params:
             return str(step.params[key])
     return ""
