@@ -451,6 +451,9 @@ def main(argv: list[str] | None = None) -> int:
             removed = module.down(spec, _target(args))
             if args.json:
                 print(json.dumps({"removed": removed}, indent=2))
+            elif args.level in (3, 4, 5):
+                say("kept: uploaded artifacts (s3://spectrum-artifacts-<region>-<account>/) and the ECR "
+                    "repository, if this rung made any: storage, not instance-hours")
             return 0
         if args.target == "local":
             return module.run_local(spec, args)
