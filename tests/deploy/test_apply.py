@@ -152,3 +152,45 @@ def test_aws_without_docker_prints_the_commands_and_leaves_nothing(emulator_url,
     assert "no Docker daemon" in message and "docker push 123456789012.dkr.ecr" in message
     assert "--image-uri" in message
     assert inventory(target)["repositories"] == [] and inventory(target)["models"] == []
+
+
+def _describe_as(spec_name: str, status: str) -> tuple:
+    return (AWSResponse("http://emulator", 200, {}, None),
+            {"EndpointName": spec_name, "EndpointArn": "arn:x", "EndpointConfigName": "c",
+             "EndpointStatus": status, "CreationTime": "2026-01-01T00:00:00Z",
+             "LastModifiedTime": "2026-01-01T00:00:00Z"})
+
+
+def test_wait_shows_progress_with_elapsed_time(target, build, botocore_events):
+    _, spec, plan = build(*LEVEL_ARGS[3])
+    seen = {"created": False, "creating": 0}
+
+    def creating_twice(**_):
+        if seen["created"] and seen["creating"] < 2:
+            seen["creating"] += 1
+            return _describe_as(spec.name, "Creating")
+        return None
+    botocore_events("after-call.sagemaker.CreateEndpoint", lambda **_: seen.update(created=True))
+    botocore_events("before-call.sagemaker.DescribeEndpoint", creating_twice)
+    lines = []
+    apply_plan(plan, target, lines.append, poll_s=0.05)
+    waits = [line for line in lines if line.startswith(f"  endpoint {spec.name}: ")]
+    assert [w.split(": ")[1].split(" ")[0] for w in waits] == ["Creating", "InService"]
+    assert all(w.endswith(" s)") for w in waits)
+
+
+def test_ctrl_c_while_waiting_removes_what_was_made(target, build, inventory, botocore_events):
+    _, spec, plan = build(*LEVEL_ARGS[3])
+    seen = {"created": False, "interrupted": False}
+
+    def interrupt_once(**_):
+        if seen["created"] and not seen["interrupted"]:
+            seen["interrupted"] = True
+            raise KeyboardInterrupt
+        return None
+    botocore_events("after-call.sagemaker.CreateEndpoint", lambda **_: seen.update(created=True))
+    botocore_events("before-call.sagemaker.DescribeEndpoint", interrupt_once)
+    with pytest.raises(KeyboardInterrupt):
+        apply_plan(plan, target, lambda _: None, poll_s=0.05)
+    held = inventory(target)
+    assert held["endpoints"] == [] and held["models"] == [] and held["endpoint_configs"] == []
