@@ -162,7 +162,9 @@ def model_source(model: str | None, *, cloud: bool) -> ModelSource:
 
 
 def model_files(folder: Path) -> list[Path]:
-    return sorted(p for p in folder.rglob("*") if p.is_file() and ".lock" not in p.name)
+    """The files a model folder ships: not hidden caches, not lock files."""
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.suffix != ".lock"
+                  and not any(part.startswith(".") for part in p.relative_to(folder).parts))
 
 
 def upload_model_folder(name: str, region: str, folder: Path) -> tuple[list[Step], dict[str, Any]]:

@@ -165,3 +165,15 @@ def test_local_level2_prints_plan_and_says_it_needs_the_cloud():
     done = _cli("--level", "2")
     assert done.returncode == 0, done.stderr
     assert "needs the cloud" in done.stdout and "CreateEndpoint" in done.stdout and "$" in done.stdout
+
+
+def test_uploads_skip_hidden_caches_and_locks(tmp_path, tiny_model):
+    from options.sagemaker import model_files
+    import shutil
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    (folder / ".cache").mkdir()
+    (folder / ".cache" / "junk.bin").write_bytes(b"x")
+    (folder / "config.json.lock").write_text("")
+    names = [p.relative_to(folder).as_posix() for p in model_files(folder)]
+    assert "config.json" in names and not any(n.startswith(".") or n.endswith(".lock") for n in names)
