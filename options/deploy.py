@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from options.plan import BadInput, Plan, mask_secrets
-from options.sagemaker import main_param, progress_to
+from options.sagemaker import main_param, progress_to_stderr
 from options.spectrum import RUNGS, UnknownLevel, rung, rung_module
 
 DEFAULT_PROMPT = "Explain in one sentence what a GPU does."
@@ -432,7 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
     say = _Console(json_mode)
-    progress_to(say.stream)
+    progress_to_stderr(json_mode)
     try:
         args = parse_args(argv)
         module = rung_module(args.level)

@@ -36,17 +36,19 @@ _NAME_OK = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
 MAX_NAME = 63
 
 Progress = Callable[[str], None]
-_progress_stream: Any = None   # None: stdout; the CLI points it at stderr under --json
+# Progress goes to stdout, or to stderr when --json owns stdout. A flag, not a stream object:
+# the stream is looked up at each print, so a replaced sys.stdout/stderr is always honoured.
+_progress_to_stderr = False
 
 
-def progress_to(stream: Any) -> None:
-    global _progress_stream
-    _progress_stream = stream
+def progress_to_stderr(on: bool) -> None:
+    global _progress_to_stderr
+    _progress_to_stderr = on
 
 
 def say(text: str) -> None:
     import sys
-    print(text, file=_progress_stream or sys.stdout, flush=True)
+    print(text, file=sys.stderr if _progress_to_stderr else sys.stdout, flush=True)
 
 
 class DeployFailed(RuntimeError):

@@ -200,8 +200,6 @@ def test_aws_path_preflight_and_kubeconfig_guard(moto_url, tmp_path, monkeypatch
     from options.aws import Target
     from options.plan import BadInput
 
-    # An earlier CLI run may have left progress pointed at a closed capture stream.
-    monkeypatch.setattr("options.sagemaker._progress_stream", None)
     monkeypatch.setenv("PATH", str(tmp_path))            # neither helm nor eksctl here
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")    # moto's; never real ones
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
