@@ -397,7 +397,10 @@ def _print_next_steps(args, summary: dict, plan: Plan, say: _Console) -> None:
         say(f"cost while it runs: ${summary['hourly_usd']:,.3f}/hour (${summary['hourly_usd'] * 730:,.0f}/month)")
     say(f"invoke:   {base} --invoke 'Hello'")
     say(f"status:   {base} --status")
-    say(f"remove:   {base} --down     (it bills by the hour until you do)")
+    if rung(args.level).billed == "per token":   # nothing was created: nothing runs up a bill
+        say("billing:  per token, per call; there is nothing to remove")
+    else:
+        say(f"remove:   {base} --down     (it bills by the hour until you do)")
 
 
 def _finish(summary: dict, say: _Console) -> int:

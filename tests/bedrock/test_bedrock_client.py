@@ -325,5 +325,7 @@ def test_deploy_cli_invokes_level_1_through_this_rung(default_session_answers, c
     assert summary["answer"]["usage"]["cost_usd"] == pytest.approx(token_cost(MODEL, 9, 7))
     converse = json.loads(next(r for name, r in sent if name == "bedrock-runtime.Converse").body)
     assert converse["system"] == [{"text": "Be brief"}] and converse["inferenceConfig"]["maxTokens"] == 40
+    # Bedrock bills per call: the next steps must not tell the user to remove an endpoint.
+    assert "billing:  per token" in out.err and "--down" not in out.err
     assert deploy.main(["--level", "1", "--plan", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["steps"][0]["operation"] == "Converse"
