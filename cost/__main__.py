@@ -254,7 +254,7 @@ def cmd_breakeven(args):
             raise BadInput("--mix needs --model: a single --token-price has no input/output split")
         blended = check_price("token price", args.token_price, 1000.0)
         inputs["token_price_per_million"] = blended
-        assumptions.append(f"${blended:g} per 1M tokens applies to every token (the course prices input tokens only)")
+        assumptions.append(f"${blended:g} per 1M tokens applies to every token (the raw form prices input tokens only)")
     if args.instance:
         inst = table.instance(args.instance)
         listed = inst.hourly(args.platform)

@@ -1,4 +1,4 @@
-"""Which rung: the course's decision tree, weighed against what each rung would cost.
+"""Which rung: the classic decision tree, weighed against what each rung would cost.
 
 The tree climbs only as far as a requirement forces it (each rung up is more to build and run):
 only need the output -> 1; must run in your account -> 2; the model or its config is not a
@@ -17,7 +17,7 @@ from cost.prices import TokenPrice
 from options.plan import BadInput
 from options.spectrum import RUNGS
 
-# (flag dest, lowest rung that satisfies it, why, in the course's words)
+# (flag dest, lowest rung that satisfies it, why, in plain words)
 REQUIREMENTS: tuple[tuple[str, int, str], ...] = (
     ("own_account", 2, "the model must run in your own AWS account"),
     ("not_on_bedrock", 2, "the model is not offered on Bedrock"),

@@ -1,8 +1,8 @@
 """Rate limiting at the edge.
 
 Default: Gateway API with Envoy Gateway (GatewayClass, Gateway, HTTPRoute) and a
-BackendTrafficPolicy local rate limit. Legacy: the course's ingress-nginx annotations
-(limit-rps, burst multiplier, body size), kept only because the course uses them:
+BackendTrafficPolicy local rate limit. Legacy: the classic ingress-nginx annotations
+(limit-rps, burst multiplier, body size), kept for clusters that still run it:
 ingress-nginx is retired (no fixes after March 2026).
 """
 from __future__ import annotations

@@ -72,7 +72,7 @@ class EksSpec:
     target_cpu: int = 70                   # HPA CPU utilisation %, 0 = off
     target_waiting: float = 5.0            # HPA waiting requests per pod, 0 = off
     rate_limit_rps: int = 50
-    rate_limit_burst: int | None = None    # default: 5 x rps (the course's nginx multiplier)
+    rate_limit_burst: int | None = None    # default: 5 x rps (the classic nginx multiplier)
     namespace: str = "spectrum"
     region: str = "us-east-1"
     cluster_name: str = "spectrum"
@@ -82,7 +82,7 @@ class EksSpec:
     edge: str = "gateway"
     max_request_s: int = 300               # longest generation a client may wait for
     startup_timeout_s: int = 1800          # model download + load (LMI's default loading timeout)
-    body_size: str = "8m"                  # request body limit at the edge (course: 8m)
+    body_size: str = "8m"                  # request body limit at the edge (classic: 8m)
     options: tuple[tuple[str, str], ...] = ()  # extra server env: OPTION_* / SM_VLLM_* / VLLM_*
     kubernetes_version: str = field(default_factory=lambda: pinned("kubernetes"))
 
@@ -351,7 +351,7 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
                         f"{pinned('ray_llm_image')}")
     if spec.edge == "nginx":
         warnings.append("ingress-nginx is retired (no fixes after March 2026): --edge nginx is kept "
-                        "only for the course's legacy annotations; prefer --edge gateway")
+                        "only for the legacy nginx annotations; prefer --edge gateway")
     if spec.gpu_nodes == "nodegroup":
         warnings.append("a managed GPU node group does not grow by itself: pods the HPA adds beyond "
                         "its desired size stay Pending unless cluster-autoscaler runs; Karpenter "

@@ -78,7 +78,7 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="requests accepted in a burst (default 5 x rps; nginx only), e.g. 250")
     g.add_argument("--edge", choices=("gateway", "nginx"),
                    help="gateway (default): Gateway API + Envoy Gateway rate limit; nginx: the "
-                        "course's legacy ingress-nginx annotations (retired project)")
+                        "classic ingress-nginx annotations (retired project)")
     g.add_argument("--namespace", metavar="NS", help="Kubernetes namespace (default spectrum)")
     g.add_argument("--cluster-name", metavar="NAME", help="EKS cluster name (default spectrum)")
     g.add_argument("--engine", choices=("deployment", "rayservice"),

@@ -31,7 +31,7 @@ def cli_json(*args: str) -> dict:
 
 # --- the maths ---------------------------------------------------------------------------------
 
-def test_course_example_exactly():
+def test_worked_example_exactly():
     # $1.172/h against $0.10 per 1M tokens: 11,720,000 tokens/h, 3,255.6 tokens/s.
     per_second = parity_tokens_per_second(1.172, 0.10)
     assert per_second * 3600 == pytest.approx(11_720_000)
@@ -72,7 +72,7 @@ def test_mix_presets():
 
 # --- the CLI ---------------------------------------------------------------------------------
 
-def test_cli_raw_form_prints_the_course_figures():
+def test_cli_raw_form_prints_the_worked_example_figures():
     out = cli("breakeven", "--instance-price", "1.172", "--token-price", "0.10").stdout
     assert "11,720,000" in out and "3,255.6" in out
     assert "Assumptions" in out and "every token" in out

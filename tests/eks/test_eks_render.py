@@ -118,7 +118,7 @@ def test_server_workload_follows_the_image_contract():
     assert reqs["karpenter.k8s.aws/instance-size"] == ["12xlarge"]
 
 
-def test_course_example_from_flags():
+def test_classic_hpa_example_from_flags():
     from infra.eks.spec import resolve
 
     r = resolve(EksSpec(image=IMAGE, min_replicas=3, max_replicas=15, target_cpu=70,
