@@ -93,6 +93,7 @@ class ServerSettings:
     ignored: list[str] = field(default_factory=list)      # "OPTION_X=y (why)"
     threads: int = 256
     graceful_timeout_s: int = 25                           # SageMaker kills 30 s after SIGTERM
+    gil_switch_ms: int = 5                                 # see server.ServerApplication.load
     served_model_name: str = ""
     # Level 4: serve through the user's model.py instead of vLLM (interface 6).
     handler_entrypoint: Path | None = None
@@ -104,7 +105,7 @@ class ServerSettings:
             "model": self.model, "model_source": self.model_source,
             "served_model_name": self.served_model_name,
             "bind": f"{self.host}:{self.port}", "threads": self.threads,
-            "graceful_timeout_s": self.graceful_timeout_s,
+            "graceful_timeout_s": self.graceful_timeout_s, "gil_switch_ms": self.gil_switch_ms,
             "backend": "lmi_handler" if self.handler_entrypoint else "vllm",
             "handler_entrypoint": str(self.handler_entrypoint) if self.handler_entrypoint else None,
             "engine_args": {a.name: MASK if is_secret_name(a.name) else a.value
@@ -159,6 +160,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     port = _int_setting(env, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT, problems, 1, 65535)
     threads = _int_setting(env, SERVER_PREFIX + "THREADS", 256, problems, 4, 4096)
     graceful = _int_setting(env, SERVER_PREFIX + "GRACEFUL_TIMEOUT", 25, problems, 1, 3600)
+    switch_ms = _int_setting(env, SERVER_PREFIX + "GIL_SWITCH_MS", 5, problems, 1, 1000)
     entrypoint = _handler_entrypoint(env, model, problems)
     if problems:
         raise ConfigError("the server cannot start with these settings:\n  - "
@@ -167,7 +169,8 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     return ServerSettings(
         model=model, model_source=model_source, port=port,
         host=env.get(SERVER_PREFIX + "HOST", "0.0.0.0"), engine_args=args, ignored=ignored,
-        threads=threads, graceful_timeout_s=graceful, served_model_name=served,
+        threads=threads, graceful_timeout_s=graceful, gil_switch_ms=switch_ms,
+        served_model_name=served,
         handler_entrypoint=entrypoint,
         lmi_properties={k[len("OPTION_"):].lower(): v for k, v in lmi.items()} | {
             "model_id": model},
