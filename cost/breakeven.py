@@ -1,6 +1,6 @@
 """Break-even between paying per token (Bedrock) and paying per instance-hour (rungs 2-6).
 
-The formulas (FACTS §8, as cultivar and FMBench use them):
+The formulas (as cultivar and FMBench use them):
   blended price      P = (r_in·P_in + r_out·P_out) / (r_in + r_out)          USD per 1M tokens
   parity throughput  T* = H / (P · 3600 / 1e6 · u)                            tokens/s, one replica
   self-hosted cost   H / (T · 3600 · u / 1e6)                                 USD per 1M tokens
@@ -20,7 +20,7 @@ from options.plan import BadInput
 
 SECONDS_PER_HOUR = 3600
 HOURS_PER_MONTH = 730
-# Input:output token ratios of common workloads (FACTS §8).
+# Input:output token ratios of common workloads.
 MIX_PRESETS: dict[str, tuple[float, float]] = {
     "summarization": (10.0, 1.0),
     "rag": (5.0, 1.0),

@@ -1,6 +1,6 @@
 """Rebuild the price table from the AWS Price List API (boto3 ``pricing`` get_products).
 
-Traps this handles (FACTS §8):
+Traps of the AWS Price List this handles:
 - Bedrock lists several rows per model and direction: standard, batch, flex, priority (the
   first row returned is often the priority one), plus cache, provisioned and customisation
   rows. The tier is read from ``service_tier``/``feature``/``usagetype``, never from row order.

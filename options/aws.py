@@ -73,7 +73,7 @@ def free_port() -> int:
 
 @contextlib.contextmanager
 def moto_accepts_current_instance_types() -> Iterator[None]:
-    """moto's SageMaker list of instance types predates g5/g6/g6e/p5 (FACTS §6): widen it.
+    """moto's SageMaker list of instance types (5.2.5) predates g5/g6/g6e/p5: widen it.
 
     Any ``ml.*`` name passes; real AWS still validates names, and the CLI checks them against
     the price catalogue before sending anything.
@@ -131,7 +131,7 @@ def queue_emulator_result(endpoint_url: str, region: str, body: str,
                           content_type: str = "application/json") -> None:
     """Queue the answer moto's sagemaker-runtime gives to the next InvokeEndpoint.
 
-    moto has no model behind an endpoint: it replays queued results (FACTS §6). The CLI uses
+    moto has no model behind an endpoint: it replays queued results. The CLI uses
     this so an emulator run prints a whole invocation, clearly labelled as the emulator's.
     """
     import json

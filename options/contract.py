@@ -47,7 +47,7 @@ class Usage:
 
 @dataclass
 class Timings:
-    """Client-side timings, as ``vllm bench serve`` defines them (FACTS §3).
+    """Client-side timings, as vLLM's ``vllm bench serve`` defines them.
 
     ``ttft_s``: request sent → first chunk with text. ``itl_s``: gaps between chunks with text.
     ``e2e_s``: request sent → last chunk with text (so ``e2e_s == ttft_s + sum(itl_s)`` for a

@@ -250,7 +250,7 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
 
     say = _Console(args.json)
     env = dict(env)
-    # vLLM on CPU otherwise reserves most of a NUMA node for its KV cache (FACTS §4).
+    # vLLM on CPU otherwise reserves most of a NUMA node for its KV cache.
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     say(f"Level {level} — {rung(level).name}, on this machine: {what}")
     if source.tiny:
@@ -357,7 +357,7 @@ def run_cloud(module, spec, args, say: _Console, target) -> dict[str, Any]:
 
     request = sample_request(args)
     if target.kind == "emulator":
-        if request.stream:  # moto has no InvokeEndpointWithResponseStream (FACTS §6)
+        if request.stream:  # moto 5.2.5 lacks InvokeEndpointWithResponseStream
             say("  (the emulator can't stream responses: invoking without --stream)")
             request.stream = False
         _queue_emulator_answer(target, deployment, request)

@@ -20,7 +20,7 @@ MAX_ONGOING_REQUESTS = 128
 
 def _engine_value(text: str) -> Any:
     """``SM_VLLM_*`` values are strings in env; engine_kwargs want their real types."""
-    value = yaml.safe_load(text) if text != "" else True   # empty value = bare flag (FACTS §3)
+    value = yaml.safe_load(text) if text != "" else True   # empty value = bare flag, as SM_VLLM_* defines it
     return value if isinstance(value, (bool, int, float, str)) else text
 
 

@@ -70,7 +70,7 @@ def restricted_container_security() -> dict[str, Any]:
 
 
 def gpu_resources(r: ResolvedSpec) -> dict[str, Any]:
-    # Quantities as strings: the Kubernetes client rejects integer quantities (FACTS §7).
+    # Quantities as strings: the Kubernetes client rejects integer quantities.
     amounts = {"cpu": str(r.cpu_per_replica), "memory": f"{r.memory_gib_per_replica}Gi",
                "nvidia.com/gpu": str(r.gpus_per_replica)}
     return {"requests": dict(amounts), "limits": dict(amounts)}

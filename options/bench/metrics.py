@@ -1,6 +1,6 @@
 """Benchmark maths, pure: per-request records in, the summary every rung is compared by out.
 
-Definitions follow ``vllm bench serve`` (FACTS §3), so numbers from here and from it agree:
+Definitions follow vLLM's ``vllm bench serve``, so numbers from here and from it agree:
 - TTFT: request sent → first chunk that carries text.
 - ITL: every gap between consecutive chunks with text, pooled over all requests.
 - E2E: request sent → last chunk with text; so E2E = TTFT + Σ ITL for each request.

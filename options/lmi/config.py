@@ -20,7 +20,7 @@ from typing import Any
 from options.plan import BadInput
 
 # The djl-lmi version Spectrum plans with; --lmi-version overrides it. The tag comes from the
-# SageMaker SDK's bundled image table (FACTS §5), so it changes only with that table.
+# SageMaker SDK's bundled image table, so it changes only with that table.
 DEFAULT_LMI_VERSION = "0.38.0"
 ARCHITECTURES_FILE = Path(__file__).with_name("architectures.json")
 GIB = 1024 ** 3

@@ -9,8 +9,10 @@ import cost
 from cost.prices import HOURS_PER_MONTH, DATA_DIR, UnknownName, data_files, load_prices
 from options.plan import BadInput
 
-# FACTS §8, us-east-1 on-demand: the rows everything else is checked against.
-FACTS_INSTANCES = {
+# Reference prices, us-east-1 on-demand (instances: AWS Price List snapshots in public cost tools
+# (truffle, cultivar, FMBench); Bedrock: litellm model_prices_and_context_window.json v1.110.2):
+# the rows everything else is checked against.
+REFERENCE_INSTANCES = {
     "g5.xlarge": (1.006, 1.408, 1, "A10G", 24), "g5.2xlarge": (1.212, 1.515, 1, "A10G", 24),
     "g5.12xlarge": (5.672, 7.09, 4, "A10G", 24), "g5.48xlarge": (16.288, 20.36, 8, "A10G", 24),
     "g6.xlarge": (0.8048, 1.1267, 1, "L4", 24), "g6e.xlarge": (1.861, 2.6054, 1, "L40S", 48),
@@ -18,7 +20,7 @@ FACTS_INSTANCES = {
     "p4d.24xlarge": (21.9576, 25.2513, 8, "A100", 40), "p5.48xlarge": (55.04, 63.296, 8, "H100", 80),
     "inf2.xlarge": (0.7582, 0.99, 1, "Inferentia2", 32),
 }
-FACTS_BEDROCK = {
+REFERENCE_BEDROCK = {
     "amazon.nova-micro-v1:0": (0.035, 0.14), "amazon.nova-lite-v1:0": (0.06, 0.24),
     "amazon.nova-pro-v1:0": (0.80, 3.20), "meta.llama3-1-8b-instruct-v1:0": (0.22, 0.22),
     "meta.llama3-1-70b-instruct-v1:0": (0.72, 0.72), "meta.llama3-3-70b-instruct-v1:0": (0.72, 0.72),
@@ -43,15 +45,15 @@ def test_every_row_of_the_data_file_has_a_date_and_a_source():
     assert files, f"no dated price file in {DATA_DIR}"
     doc = json.loads(files[-1].read_text())
     rows = doc["bedrock"] + doc["instances"] + doc["eks"]
-    assert len(rows) >= len(FACTS_INSTANCES) + len(FACTS_BEDROCK) + 1
+    assert len(rows) >= len(REFERENCE_INSTANCES) + len(REFERENCE_BEDROCK) + 1
     for row in rows:
         assert len(row["as_of"]) == 10 and row["as_of"][4] == "-", row
         assert len(row["source"]) > 10, row
 
 
-@pytest.mark.parametrize("name", sorted(FACTS_INSTANCES))
+@pytest.mark.parametrize("name", sorted(REFERENCE_INSTANCES))
 def test_instances_match_facts(table, name):
-    ec2, sm, gpus, gpu, mem = FACTS_INSTANCES[name]
+    ec2, sm, gpus, gpu, mem = REFERENCE_INSTANCES[name]
     inst = table.instance("ml." + name)
     assert (inst.name, inst.ec2_hourly, inst.sagemaker_hourly, inst.gpus, inst.gpu_type,
             inst.gpu_memory_gb_per_gpu) == (name, ec2, sm, gpus, gpu, mem)
@@ -65,10 +67,10 @@ def test_a10g_usable_memory_is_below_nominal(table):
     assert table.instance("g5.xlarge").usable_gpu_memory_gib_per_gpu == pytest.approx(22.3)
 
 
-@pytest.mark.parametrize("model_id", sorted(FACTS_BEDROCK))
+@pytest.mark.parametrize("model_id", sorted(REFERENCE_BEDROCK))
 def test_bedrock_prices_match_facts(table, model_id):
     price = table.bedrock(model_id)
-    assert (price.input_per_million, price.output_per_million) == FACTS_BEDROCK[model_id]
+    assert (price.input_per_million, price.output_per_million) == REFERENCE_BEDROCK[model_id]
 
 
 @pytest.mark.parametrize("prefix", ["us.", "eu.", "apac.", "global."])

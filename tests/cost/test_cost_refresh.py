@@ -3,7 +3,7 @@
 moto has no pricing API. The documents below follow the Price List's real shape: PriceList
 entries are JSON strings; prices sit at terms.OnDemand.*.priceDimensions.*.pricePerUnit.USD;
 EC2 and SageMaker bill "Hrs"; AmazonBedrock bills per 1K tokens, the marketplace offer
-(AmazonBedrockFoundationModels) per 1M. Each trap of FACTS §8 has a row here.
+(AmazonBedrockFoundationModels) per 1M. Each trap cost/refresh.py lists has a row here.
 """
 from __future__ import annotations
 
