@@ -249,9 +249,6 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
     from options.local_server import LocalServer
 
     say = _Console(args.json)
-    env = dict(env)
-    # vLLM on CPU otherwise reserves most of a NUMA node for its KV cache.
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"))
     say(f"Level {level} — {rung(level).name}, on this machine: {what}")
     if source.tiny:
         say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "

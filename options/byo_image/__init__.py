@@ -9,10 +9,8 @@ own entrypoint script, with the same environment the image gets.
 from __future__ import annotations
 
 import argparse
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from options import sagemaker as sm
 from options.plan import BadInput, Plan, Step, mask_secrets

@@ -370,7 +370,7 @@ def apply(p: Plan, target) -> EksDeployment:
         created_cluster = bool(made)
         (deployment.created if made else deployment.reused).extend(made or [f"cluster {r.cluster_name}"])
     elif eks_api.describe_cluster(eks, r.cluster_name) is not None:
-        _say(f"  exists: reused")
+        _say("  exists: reused")
         deployment.reused.append(f"cluster {r.cluster_name}")
     else:
         import shutil

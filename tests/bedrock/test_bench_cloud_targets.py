@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 
 import boto3
-import pytest
 from aws_event_stream import answer_with_events, event  # tests/bedrock, on sys.path under pytest
 
 from options.bench import runner
