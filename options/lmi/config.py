@@ -317,7 +317,19 @@ def check_fit(config: LmiConfig, shape: ModelShape, instance, prices) -> FitRepo
     report = fit(config, shape, instance)
     if report.fits:
         return report
-    raise BadInput(f"the model does not fit: {describe_fit(report)}. {smallest_fitting(config, shape, prices)}")
+    raise BadInput(f"the model does not fit: {describe_fit(report)}. {smallest_fitting(config, shape, prices)}"
+                   f"{shorter_context_hint(report)}")
+
+
+def shorter_context_hint(r: FitReport) -> str:
+    """When the weights fit and only the KV cache does not, a shorter context keeps the instance."""
+    if not (r.weights_gib and r.kv_gib_per_sequence and r.max_model_len) or r.usable_gib <= r.weights_gib:
+        return ""
+    kv_gib_per_token = r.kv_gib_per_sequence / r.max_model_len
+    tokens = int((r.usable_gib - r.weights_gib) / kv_gib_per_token) // 1024 * 1024
+    if tokens < 1024:
+        return ""
+    return f"; or keep {r.instance} with a shorter context: OPTION_MAX_MODEL_LEN={tokens} fits"
 
 
 def smallest_fitting(config: LmiConfig, shape: ModelShape, prices) -> str:

@@ -77,6 +77,18 @@ def test_a_long_context_that_does_not_fit_names_a_fix():
     assert "weights 29.9 GiB" in str(err.value) and "cheapest instance that fits" in str(err.value)
 
 
+def test_when_only_the_kv_cache_overflows_a_shorter_context_is_offered():
+    shape = model_shape("meta-llama/Llama-3.1-8B-Instruct", None, {})
+    instance = PRICES.instance("ml.g5.xlarge")
+    with pytest.raises(BadInput) as err:
+        check_fit(LmiConfig("m", {"max_model_len": "131072"}), shape, instance, PRICES)
+    offered = int(str(err.value).split("OPTION_MAX_MODEL_LEN=")[1].split()[0])
+    assert offered % 1024 == 0 and 1024 <= offered < 131072
+    # The offered context really fits, and it is the longest (to the 1024 below) that does.
+    assert fit(LmiConfig("m", {"max_model_len": str(offered)}), shape, instance).fits
+    assert not fit(LmiConfig("m", {"max_model_len": str(offered + 2048)}), shape, instance).fits
+
+
 def test_quantization_shrinks_the_weights():
     shape = model_shape("meta-llama/Llama-3.1-70B-Instruct", None, {})
     report = fit(LmiConfig("m", {"quantize": "awq", "max_model_len": "8192"}), shape,
