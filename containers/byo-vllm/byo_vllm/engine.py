@@ -1,10 +1,14 @@
 """The engine adapter: one vLLM ``AsyncLLM`` on its own asyncio loop thread.
 
 Request threads (gunicorn's gthread pool) never run coroutines. They submit a request with
-one cross-thread call, then wait on a ``threading.Event`` that the engine's output handler
-sets each time it hands this request new tokens. Outputs that arrive while a request thread
-is busy writing are merged by vLLM's own collector (DELTA mode), so a slow client costs one
-wake-up per write, not one per token; that keeps the front end's CPU per token low.
+one cross-thread call, then wait on a lock that the loop thread releases when this request
+has new tokens. Outputs that arrive while a request thread is busy writing are merged by
+vLLM's own collector (DELTA mode) and that thread is not signalled at all, so a slow client
+costs one wake-up per write, not one per token. The signals of one engine step are sent
+together once the output handler has handed every request its tokens, so woken readers do
+not fight the loop thread for the GIL in the middle of a step (front-end CPU per token at
+concurrency 32: 0.166 -> 0.144 ms, medians of 7 alternating levels, against waking each
+reader as its output arrived).
 
 A request whose client went away is aborted in the engine (``Generation.abort``), so no
 compute keeps running for nobody.
@@ -31,8 +35,8 @@ class EngineUnavailable(RuntimeError):
 class Generation:
     """One request in the engine, read from a request thread."""
 
-    __slots__ = ("_adapter", "_collector", "_lock", "_wake", "request_id", "prompt_tokens",
-                 "submitted_at", "finished")
+    __slots__ = ("_adapter", "_collector", "_lock", "_wake", "_waiting", "request_id",
+                 "prompt_tokens", "submitted_at", "finished")
 
     def __init__(self, adapter: "EngineAdapter", prompt_tokens: int) -> None:
         self._adapter = adapter
@@ -43,6 +47,10 @@ class Generation:
         # thread for every output (about a fifth of that thread's time under load).
         self._wake = threading.Lock()
         self._wake.acquire()
+        # True while the reader found nothing and is (about to be) blocked on _wake; read and
+        # written only under _lock, so an output is never missed and a reader that is busy
+        # writing is never signalled (its next read finds the merged outputs).
+        self._waiting = False
         self.request_id = ""
         self.prompt_tokens = prompt_tokens
         self.submitted_at = time.monotonic()
@@ -51,15 +59,16 @@ class Generation:
     def _attach(self, collector) -> None:
         """Runs on the loop thread, right after vLLM created this request's collector."""
         put = collector.put
-        lock, wake = self._lock, self._wake
+        lock, wake_later = self._lock, self._adapter._wake_later
+        release = self._wake.release
 
         def put_and_wake(output) -> None:
             with lock:               # the collector merges in place: never read it mid-merge
                 put(output)
-            try:
-                wake.release()
-            except RuntimeError:     # already signalled: the reader has not woken yet
-                pass
+                if not self._waiting:
+                    return           # the reader is busy: its next read gets this, merged
+                self._waiting = False
+            wake_later(release)
 
         collector.put = put_and_wake
         self._collector = collector
@@ -69,15 +78,18 @@ class Generation:
         """The outputs produced since the last call (merged), blocking until there are some.
 
         Raises the engine's error if the request failed or the engine died."""
+        lock, collector = self._lock, self._collector
         while True:
-            with self._lock:
-                output = self._collector.get_nowait()
+            with lock:
+                output = collector.get_nowait()
+                if output is None:
+                    self._waiting = True
             if output is not None:
                 if output.finished:
                     self.finished = True
                 return output
-            # Wakes when an output arrives after the read above, or at once if one arrived
-            # since the last wake (then the read finds it, or nothing: a harmless spin).
+            # Wakes once outputs arrived after the read above (or, after a timeout, at once
+            # on a stale signal: then the read finds nothing and waits again).
             if not self._wake.acquire(timeout=timeout_s) and self._adapter.dead_error:
                 raise EngineUnavailable(f"the engine died: {self._adapter.dead_error}")
 
@@ -101,6 +113,9 @@ class EngineAdapter:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tokenizer_lock = threading.Lock()
+        # Readers to signal once the engine's output handler yields (see _wake_later).
+        self._to_wake: list = []
+        self._loop_thread_id = 0
 
     # -- life cycle -------------------------------------------------------------------------
     def start(self) -> None:
@@ -111,6 +126,7 @@ class EngineAdapter:
         loop = asyncio.new_event_loop()
         asyncio.set_event_loop(loop)
         self._loop = loop
+        self._loop_thread_id = threading.get_ident()
         try:
             loop.run_until_complete(self._load())
         except BaseException as e:   # noqa: BLE001 - a server that cannot load must not linger
@@ -165,6 +181,28 @@ class EngineAdapter:
             engine.shutdown()
         if self._loop is not None and self._loop.is_running():
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _wake_later(self, release) -> None:
+        """Loop thread: signal a waiting reader after this engine step's outputs are all
+        handed over, not in the middle: a reader woken mid-step would contend for the GIL
+        with the loop thread while it still processes the other requests' outputs."""
+        if threading.get_ident() != self._loop_thread_id:   # not from the output handler
+            try:
+                release()
+            except RuntimeError:
+                pass
+            return
+        if not self._to_wake:
+            self._loop.call_soon(self._wake_all)
+        self._to_wake.append(release)
+
+    def _wake_all(self) -> None:
+        to_wake, self._to_wake = self._to_wake, []
+        for release in to_wake:
+            try:
+                release()
+            except RuntimeError:     # a signal from before a timed-out wait is still pending
+                pass
 
     # -- requests ---------------------------------------------------------------------------
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:

@@ -164,8 +164,11 @@ def _generate(engine: EngineAdapter, settings: ServerSettings, dialect: str | No
         metrics.OUTPUT_TOKENS.inc(done.completion_tokens)
         return json_response(responder.full(done))
     metrics.TTFT.labels(req.dialect).observe(time.monotonic() - generation.submitted_at)
+    # direct_passthrough: the server iterates the generator itself, without werkzeug's two
+    # wrapping iterators per chunk (every chunk is already bytes).
     return Response(_stream(generation, first, responder, req, sampling), mimetype=SSE,
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+                    direct_passthrough=True)
 
 
 def _finished(output, generation, sampling: dict[str, Any], text: str | None = None,
