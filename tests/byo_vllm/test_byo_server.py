@@ -292,7 +292,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(byo_server):
     n, max_tokens = 8, MAX_MODEL_LEN - 64          # long enough to still run at SIGTERM
     with ThreadPoolExecutor(n + 1) as pool:
         futures = [pool.submit(_tgi_stream, byo_server.url, i, max_tokens) for i in range(n)]
-        wait_for(lambda: byo_server.metric("byo_requests_running") >= n, 20,
+        wait_for(lambda: byo_server.metric("byo_requests_running") >= n, 60,
                  "the requests to start streaming")
         byo_server.server.process.send_signal(signal.SIGTERM)
         time.sleep(0.5)
