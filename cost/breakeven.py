@@ -16,10 +16,10 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cost.prices import HOURS_PER_MONTH
 from options.plan import BadInput
 
 SECONDS_PER_HOUR = 3600
-HOURS_PER_MONTH = 730
 # Input:output token ratios of common workloads.
 MIX_PRESETS: dict[str, tuple[float, float]] = {
     "summarization": (10.0, 1.0),

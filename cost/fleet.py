@@ -11,9 +11,9 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from cost.breakeven import (HOURS_PER_MONTH, SECONDS_PER_HOUR, Capacity, Mix, blended_price,
+from cost.breakeven import (SECONDS_PER_HOUR, Capacity, Mix, blended_price,
                             check_range, total_from_output)
-from cost.prices import InstanceType, PriceTable, TokenPrice
+from cost.prices import HOURS_PER_MONTH, InstanceType, PriceTable, TokenPrice
 from options.plan import BadInput
 from options.spectrum import RUNGS
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from options.local_server import free_port
 from options.plan import BadInput
 
 TARGET_KINDS = ("local", "emulator", "aws")
@@ -63,12 +63,6 @@ class Target:
         if self.kind == "emulator":
             return f"local AWS emulator at {self.endpoint_url} (region {self.region})"
         return "this machine (no cloud)"
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.contextmanager

@@ -391,7 +391,9 @@ def _print_next_steps(args, summary: dict, plan: Plan, say: _Console) -> None:
     base = f"python -m options.deploy --level {args.level} --target aws --name {name} --region {args.region or summary['region']}"
     say(f"endpoint: {name} (region {summary['region']})")
     if "hourly_usd" in summary:
-        say(f"cost while it runs: ${summary['hourly_usd']:,.3f}/hour (${summary['hourly_usd'] * 730:,.0f}/month)")
+        from cost.prices import HOURS_PER_MONTH
+        say(f"cost while it runs: ${summary['hourly_usd']:,.3f}/hour "
+            f"(${summary['hourly_usd'] * HOURS_PER_MONTH:,.0f}/month)")
     say(f"invoke:   {base} --invoke 'Hello'")
     say(f"status:   {base} --status")
     if rung(args.level).billed == "per token":   # nothing was created: nothing runs up a bill
