@@ -11,8 +11,9 @@ import requests
 
 from options.local_server import LocalServer
 
-# Small context so prompt-too-long cases are cheap to build.
-MAX_MODEL_LEN = 1024
+# The tiny model's whole context (2048 positions): long enough that a stream outlasts a
+# client hanging up, small enough that prompt-too-long cases are cheap to build.
+MAX_MODEL_LEN = 2048
 
 
 def server_env(model_dir: Path, **extra: str) -> dict[str, str]:

@@ -164,11 +164,24 @@ def _generate(engine: EngineAdapter, settings: ServerSettings, dialect: str | No
         metrics.OUTPUT_TOKENS.inc(done.completion_tokens)
         return json_response(responder.full(done))
     metrics.TTFT.labels(req.dialect).observe(time.monotonic() - generation.submitted_at)
+    render = _StreamRenderer(responder, generation.prompt_tokens, sampling.get("seed"))
     # direct_passthrough: the server iterates the generator itself, without werkzeug's two
     # wrapping iterators per chunk (every chunk is already bytes).
-    return Response(_stream(generation, first, responder, req, sampling), mimetype=SSE,
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    return Response(_stream(generation, first, render, req.dialect, _relay_socket()),
+                    mimetype=SSE, headers={"Cache-Control": "no-cache",
+                                           "X-Accel-Buffering": "no"},
                     direct_passthrough=True)
+
+
+def _relay_socket():
+    """The client's socket when the engine's loop thread may write the stream to it itself:
+    under gunicorn (which hands it over in the environment) and HTTP/1.1, where gunicorn
+    frames the response in chunks, as the loop does. Otherwise None: the request thread
+    writes every chunk."""
+    environ = request.environ
+    if environ.get("SERVER_PROTOCOL") != "HTTP/1.1":
+        return None
+    return environ.get("gunicorn.socket")
 
 
 def _finished(output, generation, sampling: dict[str, Any], text: str | None = None,
@@ -183,39 +196,59 @@ def _finished(output, generation, sampling: dict[str, Any], text: str | None = N
         token_ids=list(choice.token_ids), logprobs=logprobs, seed=sampling.get("seed"))
 
 
-def _stream(generation, first, responder, req: GenerationRequest,
-            sampling: dict[str, Any]) -> Iterator[bytes]:
-    """The per-token path: keep it lean (one wake-up and one write per engine delta)."""
+class _StreamRenderer:
+    """Turns each engine output (a delta) into the bytes of one SSE write: the per-token
+    path, run on the engine's loop thread when it writes the stream, so keep it lean."""
+
+    __slots__ = ("_responder", "_want_logprobs", "_prompt_tokens", "_seed", "_head", "texts",
+                 "produced")
+
+    def __init__(self, responder, prompt_tokens: int, seed: int | None) -> None:
+        self._responder = responder
+        self._want_logprobs = responder.req.details
+        self._prompt_tokens = prompt_tokens
+        self._seed = seed
+        self._head = responder.start()
+        self.texts: list[str] = []
+        self.produced = 0
+
+    def __call__(self, output) -> tuple[bytes, bool]:
+        """The bytes to send for ``output``, and whether they end the stream."""
+        choice = output.outputs[0]
+        ids = choice.token_ids
+        self.produced += len(ids)
+        self.texts.append(choice.text)
+        lps = ([next(iter(d.values())).logprob if d else None for d in choice.logprobs]
+               if self._want_logprobs and choice.logprobs else None)
+        chunk = self._responder.delta(choice.text, ids, lps, choice.finish_reason)
+        if self._head:
+            chunk, self._head = self._head + chunk, b""
+        if not output.finished:
+            return chunk, False
+        done = Finished("".join(self.texts), choice.finish_reason, choice.stop_reason,
+                        self._prompt_tokens, self.produced, seed=self._seed)
+        return chunk + self._responder.end(done), True
+
+
+def _stream(generation, first, render: _StreamRenderer, dialect: str,
+            sock) -> Iterator[bytes]:
+    """The first chunk goes out through the server (which sends the headers with it); the
+    rest through the engine's loop thread when ``sock`` is given, else from this thread."""
     metrics.RUNNING.inc()
-    texts: list[str] = []
-    produced = 0
-    output = first
-    want_logprobs = req.details
     try:
-        head = responder.start()
-        while True:
-            choice = output.outputs[0]
-            ids = choice.token_ids
-            produced += len(ids)
-            texts.append(choice.text)
-            lps = ([next(iter(d.values())).logprob if d else None for d in choice.logprobs]
-                   if want_logprobs and choice.logprobs else None)
-            chunk = responder.delta(choice.text, ids, lps, choice.finish_reason)
-            if head:
-                chunk, head = head + chunk, b""
-            if output.finished:
-                done = Finished("".join(texts), choice.finish_reason, choice.stop_reason,
-                                generation.prompt_tokens, produced, seed=sampling.get("seed"))
-                yield chunk + responder.end(done)
-                metrics.E2E.labels(req.dialect).observe(
-                    time.monotonic() - generation.submitted_at)
-                return
-            yield chunk
-            output = generation.next()
-    except GeneratorExit:                 # the client went away: stop the engine's work
+        chunk, last = render(first)
+        yield chunk
+        if not last and sock is not None:
+            generation.relay(sock, render)
+        else:
+            while not last:
+                chunk, last = render(generation.next())
+                yield chunk
+        metrics.E2E.labels(dialect).observe(time.monotonic() - generation.submitted_at)
+    except (GeneratorExit, OSError):      # the client went away: stop the engine's work
         if not generation.finished:
             metrics.ABORTED.inc()
-        raise
+        raise                             # gunicorn closes the connection quietly
     except Exception as e:                # the engine failed mid-stream: say so in-band
         log.exception("stream failed")
         metrics.ERRORS.labels("stream", "engine").inc()
@@ -225,7 +258,7 @@ def _stream(generation, first, responder, req: GenerationRequest,
     finally:
         generation.abort()
         metrics.RUNNING.dec()
-        metrics.OUTPUT_TOKENS.inc(produced)
+        metrics.OUTPUT_TOKENS.inc(render.produced)
 
 
 def _invoke_handler(backend) -> Response:

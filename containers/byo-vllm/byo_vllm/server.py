@@ -63,9 +63,8 @@ class ServerApplication(BaseApplication):
 
     def load(self):
         from .app import create_app
-        # Every engine step wakes one request thread per running stream, and those threads
-        # force the engine's loop thread to hand over the GIL every switch interval. A longer
-        # interval (50 ms) cut front-end CPU per token by 15-20 % at concurrency 8 and 32,
+        # How long the engine's loop thread may hold the GIL while another thread (a new
+        # request, /ping) waits for it. 50 ms once cut front-end CPU per token by 15-20 %,
         # but /ping then took 2.6 s under 64 streams: the default stays CPython's 5 ms.
         sys.setswitchinterval(self.settings.gil_switch_ms / 1000)
         return create_app(self.settings)
