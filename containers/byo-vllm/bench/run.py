@@ -102,12 +102,16 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=kv_gib)
     log = log_dir / f"{name}-{time.strftime('%H%M%S')}.log"
     port = free_port()
-    if name == "byo":
+    if name == "byo" or name.startswith("byo@"):
+        # "byo@KEY=VALUE+KEY=VALUE": this server with extra settings, to A/B a setting in one
+        # run (e.g. byo@SPECTRUM_SERVER_GIL_SWITCH_MS=1).
+        variant = dict(item.split("=", 1) for item in name[4:].split("+") if item)
         local = LocalServer({"HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-                             "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib},
-                            port=port, log_path=log)
+                             "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib,
+                             **variant}, port=port, log_path=log)
         local.start()
-        server = Server(name, "(a) this server", local.process, port, local, log)
+        label = "(a) this server" + (f" [{name[4:]}]" if variant else "")
+        server = Server(name, label, local.process, port, local, log)
     else:
         if name == "vllm":
             cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", model,

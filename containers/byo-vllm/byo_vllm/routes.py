@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from typing import Any, Iterator
 
@@ -179,9 +180,15 @@ def _relay_socket():
     frames the response in chunks, as the loop does. Otherwise None: the request thread
     writes every chunk."""
     environ = request.environ
+    sock = environ.get("gunicorn.socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        # A stream is many small writes: Nagle's algorithm would hold each one back until
+        # the client acknowledged the one before (asyncio, under vLLM's own server, sets
+        # this on every connection too).
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if environ.get("SERVER_PROTOCOL") != "HTTP/1.1":
         return None
-    return environ.get("gunicorn.socket")
+    return sock
 
 
 def _finished(output, generation, sampling: dict[str, Any], text: str | None = None,
