@@ -225,7 +225,8 @@ def test_disconnected_stream_is_aborted_in_the_engine(byo_server):
     # The server can only notice a client that left while the engine is still generating. If
     # this process is descheduled for the whole answer (seconds, on a loaded shared machine)
     # the engine finishes first and the attempt proves nothing either way: try again. A server
-    # that never aborts fails every attempt.
+    # that never aborts fails every attempt. How far the engine got is no measure of the
+    # server: the hang-up itself can come seconds late here.
     for _attempt in range(3):
         generated_before = byo_server.metric("vllm:generation_tokens_total")
         aborted_before = byo_server.metric("byo_requests_aborted_total")
@@ -236,9 +237,9 @@ def test_disconnected_stream_is_aborted_in_the_engine(byo_server):
         generated = byo_server.metric("vllm:generation_tokens_total") - generated_before
         if generated < max_tokens:
             break
+    assert generated < max_tokens, f"the engine generated the whole answer ({generated} tokens)"
     wait_for(lambda: byo_server.metric("byo_requests_aborted_total") == aborted_before + 1,
              60, "the server to count the abort")
-    assert generated < max_tokens / 2, f"the engine kept generating: {generated}"
 
 
 def test_stream_to_an_http_1_0_client_is_written_whole_then_closed(byo_server):
