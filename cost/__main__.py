@@ -282,7 +282,7 @@ def cmd_breakeven(args):
 def fleet_inputs(args, need_capacity: bool = True):
     """(table, price, traffic, fleets, assumptions) for compare and recommend."""
     from cost.breakeven import check_discount, parse_mix
-    from cost.fleet import build_fleets, make_traffic
+    from cost.fleet import build_fleets, eks_fixed_hourly, make_traffic
 
     if not args.model or not args.instance:
         raise BadInput("give --model (the Bedrock model to compare against) and --instance (the instance a "
@@ -298,8 +298,9 @@ def fleet_inputs(args, need_capacity: bool = True):
     if default is None:
         raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
                        "(from `python -m options.bench --json FILE`)")
-    fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount,
-                          "control_plane_extended_support" if args.eks_extended_support else "control_plane")
+    eks_fee = "control_plane_extended_support" if args.eks_extended_support else "control_plane"
+    fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount, eks_fee)
+    eks = eks_fixed_hourly(table, eks_fee)
     assumptions = [
         f"Bedrock {price.model_id} ({args.tier}), prices as of {price.as_of}; {price.source}",
         f"traffic: {traffic.avg_tokens_per_second:,.1f} tok/s average, {traffic.peak_tokens_per_second:,.1f} peak, "
@@ -309,8 +310,9 @@ def fleet_inputs(args, need_capacity: bool = True):
         f"(rung 6), as of {inst.as_of}" + (f", less {args.discount:g} %" if args.discount else ""),
         f"one replica = one instance; replicas = max({args.min_replicas}, ceil(peak / capacity)) while active, "
         f"{args.min_replicas} the rest of the day",
-        f"rung 6 adds the EKS control plane (${table.eks_fee('control_plane_extended_support' if args.eks_extended_support else 'control_plane').hourly:g}/h); "
-        f"system nodes, load balancers, storage, data transfer and engineering time are not counted on any rung",
+        f"rung 6 adds the EKS control plane (${eks['control_plane_hourly']:g}/h) and the cluster's system node group "
+        f"({eks['system_nodes']}, ${eks['system_nodes_hourly']:g}/h) whatever the traffic; load balancers, storage, "
+        f"data transfer and engineering time are not counted on any rung",
         "rungs 2-5 bill the same SageMaker instance-hours; they differ in what you build and run, and in "
         "capacity only where a bench per level says so",
     ]

@@ -1,9 +1,10 @@
 """Fleet sizing and the monthly cost of one traffic profile on every rung.
 
 Rung 1 bills tokens. Rungs 2-5 bill SageMaker instance-hours; rung 6 bills EC2 instance-hours
-plus the EKS control plane. A self-hosted fleet runs max(min_replicas, ceil(peak / capacity))
-replicas (one instance each) during the active hours and min_replicas the rest of the day,
-because a SageMaker real-time endpoint and a cluster's serving floor do not go to zero.
+plus the EKS control plane and the cluster's system node group. A self-hosted fleet runs
+max(min_replicas, ceil(peak / capacity)) replicas (one instance each) during the active hours
+and min_replicas the rest of the day, because a SageMaker real-time endpoint and a cluster's
+serving floor do not go to zero.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ class Fleet:
     hourly: float                    # USD per replica-hour after any discount
     capacity: Capacity
     min_replicas: int
-    fixed_monthly: float = 0.0       # EKS control plane
+    fixed_monthly: float = 0.0       # EKS control plane and system nodes
 
     def capacity_tokens_per_second(self, mix: Mix) -> float:
         return total_from_output(self.capacity.output_tokens_per_second, mix)
@@ -162,6 +163,19 @@ def fleet_cost(fleet: Fleet, traffic: Traffic) -> RungCost:
                     fleet.to_json(traffic))
 
 
+def eks_fixed_hourly(table: PriceTable, eks_fee: str = "control_plane") -> dict[str, Any]:
+    """What an EKS cluster costs per hour whatever its GPU count: the control plane and the
+    system node group that ``infra/eks`` creates."""
+    from infra.eks.cluster import SYSTEM_NODES, system_instance_type
+
+    system = table.instance(system_instance_type())
+    control_plane = table.eks_fee(eks_fee).hourly
+    system_hourly = SYSTEM_NODES * system.ec2_hourly
+    return {"control_plane_hourly": control_plane, "system_nodes": f"{SYSTEM_NODES} x {system.name}",
+            "system_nodes_hourly": round(system_hourly, 6),
+            "hourly": round(control_plane + system_hourly, 6)}
+
+
 def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int, Capacity],
                  default_capacity: Capacity, min_replicas: int, discount_pct: float,
                  eks_fee: str = "control_plane") -> list[Fleet]:
@@ -175,7 +189,7 @@ def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int
         listed = instance.sagemaker_hourly if platform == "sagemaker" else instance.ec2_hourly
         if listed is None:  # not offered there, or not in the table: that rung is left out, not guessed
             continue
-        fixed = table.eks_fee(eks_fee).hourly * HOURS_PER_MONTH if level == EKS_LEVEL else 0.0
+        fixed = eks_fixed_hourly(table, eks_fee)["hourly"] * HOURS_PER_MONTH if level == EKS_LEVEL else 0.0
         fleets.append(Fleet(level, instance, platform, apply_discount(listed, discount_pct),
                             capacities.get(level, default_capacity), int(min_replicas), fixed))
     if not fleets:

@@ -59,7 +59,7 @@ def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: 
         sagemaker_groups = [g for g in groups.values() if g[0].level != 6]
         colour = (COLOURS[6] if fleet.level == 6 else
                   SAGEMAKER_COLOURS[sagemaker_groups.index(fleets_in_group) % len(SAGEMAKER_COLOURS)])
-        where = ("EC2 + EKS control plane" if fleet.level == 6 else "SageMaker")
+        where = ("EC2 + EKS control plane and system nodes" if fleet.level == 6 else "SageMaker")
         volume = fleet.breakeven_tokens_per_month(traffic, blended)
         ax.step(xs, [fleet.monthly(s) for s in shapes], where="post", color=colour, lw=2,
                 linestyle="-" if fleet.level != 6 else "--",

@@ -13,11 +13,17 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 SYSTEM_NODES = 2
 
 
+def system_instance_type() -> str:
+    """The instance type of the system node group (CoreDNS, Karpenter, monitoring, the Ray
+    head): paid for whatever the GPU count."""
+    return pinned("system_instance_type")
+
+
 def cluster_config(r: ResolvedSpec) -> dict[str, Any]:
     pool_key, pool_value = r.pool_label
     system_group = {
         "name": "system",
-        "instanceType": pinned("system_instance_type"),
+        "instanceType": system_instance_type(),
         "amiFamily": "AmazonLinux2023",
         "minSize": SYSTEM_NODES, "maxSize": SYSTEM_NODES + 1, "desiredCapacity": SYSTEM_NODES,
         "privateNetworking": True,

@@ -144,30 +144,22 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
 
 def _cost(rendered) -> dict[str, Any]:
     from cost import hourly_cost_line, load_prices
-    from infra.eks.cluster import SYSTEM_NODES
+    from cost.fleet import eks_fixed_hourly
 
     r = rendered.resolved
     table = load_prices()
     nodes_min, nodes_max = r.nodes_for(r.min_replicas), r.nodes_for(r.max_replicas)
     # The control plane and the small system node group are paid whatever the GPU count.
-    system = hourly_cost_line(system_instance_type(), count=SYSTEM_NODES, platform="ec2",
-                              table=table)
-    fixed_hourly = table.eks_cluster_hourly + system["hourly_usd"]
+    fixed = eks_fixed_hourly(table)
     line = hourly_cost_line(r.instance.name, count=nodes_min, platform="ec2",
-                            extra_hourly=fixed_hourly, table=table)
+                            extra_hourly=fixed["hourly"], table=table)
     at_max = hourly_cost_line(r.instance.name, count=nodes_max, platform="ec2",
-                              extra_hourly=fixed_hourly, table=table)
-    return {**line, "eks_cluster_hourly": table.eks_cluster_hourly,
-            "system_nodes": f"{SYSTEM_NODES} x {system_instance_type()}",
-            "system_nodes_hourly": system["hourly_usd"],
+                              extra_hourly=fixed["hourly"], table=table)
+    return {**line, "eks_cluster_hourly": fixed["control_plane_hourly"],
+            "system_nodes": fixed["system_nodes"],
+            "system_nodes_hourly": fixed["system_nodes_hourly"],
             "gpus": nodes_min * r.instance.gpus, "gpus_at_max": nodes_max * r.instance.gpus,
             "nodes_at_max": nodes_max, "monthly_usd_at_max": at_max["monthly_usd"]}
-
-
-def system_instance_type() -> str:
-    from infra.eks.spec import pinned
-
-    return pinned("system_instance_type")
 
 
 def helm_command(chart: dict[str, Any]) -> str:

@@ -88,7 +88,10 @@ def test_every_rung_priced_with_the_right_meter():
         assert rungs[level]["platform"] == "sagemaker" and rungs[level]["replicas_at_peak"] == replicas
         assert rungs[level]["monthly_usd"] == pytest.approx(hours * 2.6054, abs=0.01)
     assert rungs[6]["platform"] == "ec2"
-    assert rungs[6]["monthly_usd"] == pytest.approx(hours * 1.861 + 0.10 * 730, abs=0.01)
+    # Rung 6 also pays the control plane ($0.10/h) and 2 x m6i.xlarge system nodes ($0.192/h).
+    assert rungs[6]["monthly_usd"] == pytest.approx(hours * 1.861 + (0.10 + 2 * 0.192) * 730,
+                                                    abs=0.01)
+    assert rungs[6]["fixed_monthly_usd"] == pytest.approx(0.484 * 730, abs=0.01)
     assert data["cheapest_level"] == min(rungs, key=lambda lvl: (rungs[lvl]["monthly_usd"], lvl))
 
 
@@ -132,7 +135,7 @@ def test_compare_json_and_table():
     assert data["traffic"]["tokens_per_month"] == 30_000_000_000
     assert data["cheapest_level"] == 6
     assert data["rungs"][1]["breakeven_tokens_per_month_vs_bedrock"] == pytest.approx(2.6054 * 730 / 0.2625e-6, rel=1e-6)
-    assert any("EKS control plane" in a for a in data["assumptions"])
+    assert any("EKS control plane" in a and "2 x m6i.xlarge" in a for a in data["assumptions"])
     table = cli(*args).stdout
     assert "JumpStart" in table and "EKS" in table and "Assumptions" in table
 
@@ -241,10 +244,10 @@ def test_recommend_weighs_cost():
     assert slow["level"] == 1
     assert any("a replica sustaining 1,000 output tok/s or more (now 500)" in f for f in slow["flip"])
     # Heavy traffic on a fast replica: SageMaker saves more than 30 %, so the answer climbs to rung 2; EKS would
-    # save another 27 %, below the threshold, so the flip names it.
+    # save another 21 % (control plane and system nodes included), below the threshold, so the flip names it.
     big = cli_json("recommend", *traffic, "--tokens-per-month", "3e10", "--peak", "20000")
     assert big["level"] == 2 and big["tree_level"] == 1
-    assert any("saving" in w for w in big["why"]) and any("rung 6 would be 27% cheaper" in w for w in big["why"])
+    assert any("saving" in w for w in big["why"]) and any("rung 6 would be 21% cheaper" in w for w in big["why"])
     assert any("traffic below" in f for f in big["flip"]) and any("rung 6 (EC2 + EKS)" in f for f in big["flip"])
     assert cli_json("recommend", *traffic, "--tokens-per-month", "3e10", "--peak", "20000",
                     "--min-savings", "20")["level"] == 6
