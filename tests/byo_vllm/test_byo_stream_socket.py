@@ -11,7 +11,7 @@ from flask import Flask
 from options.local_server import SERVE_SCRIPT
 
 sys.path.insert(0, str(SERVE_SCRIPT.parent))
-from byo_vllm.routes import _relay_socket  # noqa: E402
+from byo_vllm.routes import _stream_socket  # noqa: E402
 
 
 @pytest.fixture
@@ -37,7 +37,7 @@ def test_http_1_1_streams_are_relayed_and_every_stream_gets_nodelay(server_side_
     app = Flask(__name__)
     with app.test_request_context("/v1/completions", method="POST", environ_overrides={
             "SERVER_PROTOCOL": protocol, "gunicorn.socket": server_side_socket}):
-        chosen = _relay_socket()
+        chosen = _stream_socket()
     assert (chosen is server_side_socket) is relayed
     assert _nodelay(server_side_socket) != 0
 
@@ -46,4 +46,4 @@ def test_no_relay_outside_gunicorn():
     app = Flask(__name__)
     with app.test_request_context("/v1/completions", method="POST",
                                   environ_overrides={"SERVER_PROTOCOL": "HTTP/1.1"}):
-        assert _relay_socket() is None
+        assert _stream_socket() is None

@@ -168,17 +168,17 @@ def _generate(engine: EngineAdapter, settings: ServerSettings, dialect: str | No
     render = _StreamRenderer(responder, generation.prompt_tokens, sampling.get("seed"))
     # direct_passthrough: the server iterates the generator itself, without werkzeug's two
     # wrapping iterators per chunk (every chunk is already bytes).
-    return Response(_stream(generation, first, render, req.dialect, _relay_socket()),
+    return Response(_stream(generation, first, render, req.dialect, _stream_socket()),
                     mimetype=SSE, headers={"Cache-Control": "no-cache",
                                            "X-Accel-Buffering": "no"},
                     direct_passthrough=True)
 
 
-def _relay_socket():
-    """The client's socket when the engine's loop thread may write the stream to it itself:
-    under gunicorn (which hands it over in the environment) and HTTP/1.1, where gunicorn
-    frames the response in chunks, as the loop does. Otherwise None: the request thread
-    writes every chunk."""
+def _stream_socket():
+    """Readies the client's TCP socket for a stream (no Nagle delay), and returns it when the
+    engine's loop thread may write the stream to it itself: under gunicorn (which hands it
+    over in the environment) and HTTP/1.1, where gunicorn frames the response in chunks, as
+    the loop does. Otherwise None: the request thread writes every chunk."""
     environ = request.environ
     sock = environ.get("gunicorn.socket")
     if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
