@@ -4,6 +4,23 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# Real services and tools the tests use, from Debian's packages when missing: podman (runc as
+# its runtime, debootstrap for the image's base) runs the bring-your-own image; redis-server
+# backs the gateway's shared state.
+missing=()
+for pair in podman:podman runc:runc debootstrap:debootstrap redis-server:redis-server; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || missing+=("${pair#*:}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "tests/run.sh: installing ${missing[*]} (Debian packages)" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+  else
+    echo "tests/run.sh: missing ${missing[*]}; install them (Debian: apt-get install ${missing[*]}) and rerun" >&2
+    exit 1
+  fi
+fi
+
 python=${PYTHON:-python3}
 venv=${SPECTRUM_VENV:-.venv}
 [ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
