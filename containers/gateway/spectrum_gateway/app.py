@@ -1,0 +1,388 @@
+"""The HTTP face: OpenAI's routes, each request walked through the path in order.
+
+authenticate → tenant → read the body (413, 400) → model (404 unknown, 403 not allowed) →
+quota (429) → route → call the upstream (falling back on failure) → meter.
+The model is checked before the quota so a request that could never be served does not
+use up the tenant's allowance.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import time
+import uuid
+from contextlib import asynccontextmanager
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from . import meter
+from .auth import Authenticator, load_secret
+from .config import GatewayConfig, Model, TenantLimits, load_config
+from .errors import GatewayError, error_body
+from .routing import attempts
+from .store import open_store
+from .upstream import OpenAIUpstreams, UpstreamFailure, event_json, split_events
+
+CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
+log = logging.getLogger("spectrum_gateway")
+# Reading a body past its limit stops here: enough to answer 413 on a normal connection.
+DRAIN_LIMIT = 64 * 1024 * 1024
+
+
+def _header_safe(text: str) -> str:
+    return "".join(c if 32 <= ord(c) < 127 else " " for c in text)[:300]
+
+
+class RelayResponse(StreamingResponse):
+    """A stream that always closes its generator, so the upstream call is aborted and the
+    request metered even when the client hangs up while a chunk is being written."""
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()
+
+
+class Call:
+    """One request's facts as the path learns them; becomes its ledger entry."""
+
+    def __init__(self, request_id: str, tenant: str, key_id: str) -> None:
+        self.started = time.perf_counter()
+        self.request_id, self.tenant, self.key_id = request_id, tenant, key_id
+        self.model: str | None = None
+        self.upstream = None
+        self.failures: list[UpstreamFailure] = []
+        self.limits: TenantLimits | None = None      # set once tokens are reserved
+        self.reserved_tokens = 0
+        self.reserved_cost = 0.0
+        self.prompt_estimate = 0
+        self.stream = False
+
+    def entry_and_deltas(self, status: int, usage: dict | None, streamed_chunks: int = 0):
+        if usage:
+            input_tokens = int(usage.get("prompt_tokens") or 0)
+            output_tokens = int(usage.get("completion_tokens") or 0)
+            source = "upstream"
+        elif self.upstream is not None and status < 400:
+            # The upstream reported no usage: the prompt estimate and one token per chunk.
+            input_tokens, output_tokens, source = self.prompt_estimate, streamed_chunks, "estimate"
+        else:
+            input_tokens = output_tokens = 0
+            source = "none"
+        cost = self.upstream.cost_usd(input_tokens, output_tokens) if self.upstream else 0.0
+        entry = meter.ledger_entry(
+            request_id=self.request_id, tenant=self.tenant, key_id=self.key_id, model=self.model,
+            upstream=self.upstream.name if self.upstream else None,
+            fallback_from=[f.upstream for f in self.failures], input_tokens=input_tokens,
+            output_tokens=output_tokens, usage_source=source, status=status,
+            latency_s=time.perf_counter() - self.started, stream=self.stream, cost_usd=cost)
+        return entry, input_tokens + output_tokens - self.reserved_tokens, cost - self.reserved_cost
+
+
+def estimate_prompt_tokens(body: dict) -> int:
+    """A generous estimate (3 characters a token, plus each message's framing): reserved
+    before the call, corrected by the upstream's own count after it."""
+    chars = 0
+    for message in body.get("messages") or []:
+        content = message.get("content") if isinstance(message, dict) else None
+        if isinstance(content, str):
+            chars += len(content)
+        elif isinstance(content, list):
+            chars += sum(len(str(part.get("text", ""))) for part in content if isinstance(part, dict))
+        chars += 24
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        chars += len(prompt)
+    elif isinstance(prompt, list):
+        chars += sum(len(p) if isinstance(p, str) else 4 for p in prompt)
+    return math.ceil(chars / 3)
+
+
+def requested_max_tokens(body: dict, model: Model) -> int:
+    value = body.get("max_completion_tokens", body.get("max_tokens"))
+    if value is None:
+        return model.default_max_tokens
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise GatewayError(400, f"max_tokens must be a whole number >= 1, got {value!r}",
+                           "invalid_max_tokens")
+    n = body.get("n", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise GatewayError(400, f"n must be a whole number >= 1, got {n!r}", "invalid_n")
+    return value * n
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.store = open_store(config)
+        self.auth = Authenticator(config, self.store, load_secret(config))
+        self.upstreams = OpenAIUpstreams(config)
+        self.inflight = 0
+
+    async def close(self) -> None:
+        await self.upstreams.close()
+        await self.store.close()
+
+    async def read_json(self, request: Request) -> dict:
+        limit = self.config.max_body_bytes
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size <= limit:
+                chunks.append(chunk)
+            elif size > DRAIN_LIMIT:
+                break
+        if size > limit:
+            raise GatewayError(413, f"the request body is {size} bytes or more; this gateway "
+                                    f"accepts at most {limit} (max_body_bytes)", "body_too_large")
+        try:
+            body = json.loads(b"".join(chunks))
+        except ValueError as e:
+            raise GatewayError(400, f"the request body is not valid JSON: {e}", "invalid_json")
+        if not isinstance(body, dict):
+            raise GatewayError(400, f"the request body must be a JSON object, got "
+                                    f"{type(body).__name__}", "invalid_body")
+        return body
+
+    async def finish(self, call: Call, status: int, usage: dict | None = None,
+                     streamed_chunks: int = 0) -> None:
+        entry, token_delta, cost_delta = call.entry_and_deltas(status, usage, streamed_chunks)
+        await self.store.finish(call.limits, call.request_id, token_delta, cost_delta, entry,
+                                meter.increments(entry))
+        call.limits = None       # settled: never twice
+
+    async def completions(self, request: Request, path: str):
+        request_id = uuid.uuid4().hex
+        try:
+            principal = await self.auth.authenticate(request.headers)
+        except GatewayError as e:
+            if e.status == 401:
+                try:
+                    await self.store.count({meter.sample("spectrum_gateway_auth_failures_total",
+                                                         reason=e.code): 1})
+                except GatewayError:
+                    pass
+            raise
+        call = Call(request_id, principal.tenant, principal.key_id)
+        try:
+            return await self._serve(request, path, principal, call)
+        except GatewayError as e:
+            try:
+                await self.finish(call, e.status)
+            except GatewayError:
+                pass          # the store is down: the request was refused, nothing to meter
+            e.headers.setdefault("x-request-id", request_id)
+            raise
+
+    async def _serve(self, request: Request, path: str, principal, call: Call):
+        limits = self.config.tenant(principal.tenant)
+        if limits is None:
+            raise GatewayError(403, f"tenant {principal.tenant!r} is not configured and this "
+                                    "gateway has no default tenant", "unknown_tenant")
+        body = await self.read_json(request)
+        name = body.get("model")
+        if not isinstance(name, str) or not name:
+            raise GatewayError(400, "the request names no model (\"model\": \"...\")",
+                               "missing_model")
+        call.model = name
+        model = self.config.models.get(name)
+        allowed = [m for m in self.config.models if limits.allows(m)
+                   and (principal.models is None or m in principal.models)]
+        if model is None:
+            raise GatewayError(404, f"model {name!r} does not exist; models you may use: "
+                                    f"{', '.join(allowed) or 'none'}", "model_not_found")
+        if name not in allowed:
+            who = (f"API key {principal.key_id}" if principal.models is not None
+                   and limits.allows(name) else f"tenant {principal.tenant!r}")
+            raise GatewayError(403, f"{who} may not use model {name!r}; models you may use: "
+                                    f"{', '.join(allowed) or 'none'}", "model_not_allowed")
+        call.stream = bool(body.get("stream"))
+        order = attempts(model, principal.tenant)
+
+        call.prompt_estimate = estimate_prompt_tokens(body)
+        tokens = call.prompt_estimate + requested_max_tokens(body, model)
+        cost = order[0].cost_usd(call.prompt_estimate, tokens - call.prompt_estimate)
+        decision = await self.store.reserve(limits, call.request_id, tokens, cost)
+        headers = decision.headers()
+        if not decision.allowed:
+            raise GatewayError(429, decision.message(), f"rate_limit_{decision.reason}", headers)
+        call.limits, call.reserved_tokens, call.reserved_cost = limits, tokens, cost
+        headers["x-request-id"] = call.request_id
+
+        response = None
+        for upstream in order:
+            upstream_body = dict(body, model=upstream.model or name)
+            if call.stream:   # ask for usage so the ledger has the upstream's own count
+                upstream_body["stream_options"] = {**(body.get("stream_options") or {}),
+                                                   "include_usage": True}
+            try:
+                if upstream.kind != "openai":
+                    raise UpstreamFailure(upstream.name, "refused", f"is a {upstream.kind} "
+                                          "upstream, which this gateway does not call yet")
+                response = await self.upstreams.open(upstream, path, upstream_body)
+                call.upstream = upstream
+                break
+            except UpstreamFailure as failure:
+                log.warning("upstream %s", failure)
+                call.failures.append(failure)
+        if call.failures:
+            headers["x-spectrum-fallback"] = _header_safe(
+                "; ".join(f"{f.upstream} {f.kind}" + (f" {f.status}" if f.status else "")
+                          for f in call.failures))
+        if response is None:
+            last = call.failures[-1]
+            status = 429 if all(f.status == 429 for f in call.failures) else last.gateway_status
+            raise GatewayError(status, f"every upstream of model {name!r} failed: " +
+                               "; ".join(map(str, call.failures)),
+                               "upstream_timeout" if status == 504 else "upstream_failed", headers)
+        headers["x-spectrum-upstream"] = call.upstream.name
+        if call.stream and response.status_code < 400:
+            want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+            return RelayResponse(self._relay(response, call, want_usage), status_code=200,
+                                 headers=headers, media_type="text/event-stream")
+        return await self._whole(response, call, headers)
+
+    async def _whole(self, response, call: Call, headers: dict) -> Response:
+        import httpx
+        try:
+            raw = await response.aread()
+        except httpx.TimeoutException:
+            raise GatewayError(504, f"upstream {call.upstream.name} timed out while answering",
+                               "upstream_timeout", headers)
+        except httpx.TransportError as e:
+            raise GatewayError(502, f"upstream {call.upstream.name} broke off its answer ({e})",
+                               "upstream_failed", headers)
+        finally:
+            await response.aclose()
+        usage = None
+        if response.status_code < 400:
+            try:
+                usage = json.loads(raw).get("usage")
+            except (ValueError, AttributeError):
+                usage = None
+        # Metered before it is returned: if the store cannot record it, the client gets 503.
+        await self.finish(call, response.status_code, usage)
+        return Response(raw, status_code=response.status_code, headers=headers,
+                        media_type=response.headers.get("content-type", "application/json"))
+
+    async def _relay(self, response, call: Call, want_usage: bool):
+        """Pass the upstream's events on as each one completes; keep its usage for the ledger."""
+        import httpx
+        usage, chunks, status, buffer = None, 0, 200, b""
+        self.inflight += 1
+        try:
+            async for data in response.aiter_raw():
+                events, buffer = split_events(buffer + data)
+                for event in events:
+                    if b'"usage"' in event:
+                        payload = event_json(event)
+                        if payload and payload.get("usage"):
+                            usage = payload["usage"]
+                            if not want_usage and not payload.get("choices"):
+                                continue      # the usage-only chunk the client did not ask for
+                    if not event.startswith(b"data: [DONE]"):
+                        chunks += 1
+                    yield event
+            if buffer:
+                yield buffer
+        except (httpx.TimeoutException, httpx.TransportError) as e:
+            status = 504 if isinstance(e, httpx.TimeoutException) else 502
+            what = "timed out" if status == 504 else f"broke off ({type(e).__name__})"
+            yield (b"data: " + json.dumps(error_body(status, f"upstream {call.upstream.name} "
+                   f"{what} mid-stream", "upstream_failed")).encode() + b"\n\n")
+        except BaseException:
+            status = 499        # the client went away: the upstream call is aborted below
+            raise
+        finally:
+            self.inflight -= 1
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
+                try:
+                    await self.finish(call, status, usage, chunks)
+                except GatewayError as e:
+                    log.error("request %s not metered: %s", call.request_id, e.message)
+
+    async def models(self, request: Request) -> dict:
+        principal = await self.auth.authenticate(request.headers)
+        limits = self.config.tenant(principal.tenant)
+        if limits is None:
+            raise GatewayError(403, f"tenant {principal.tenant!r} is not configured and this "
+                                    "gateway has no default tenant", "unknown_tenant")
+        names = [m for m in self.config.models if limits.allows(m)
+                 and (principal.models is None or m in principal.models)]
+        return {"object": "list", "data": [{"id": m, "object": "model", "created": 0,
+                                             "owned_by": "spectrum"} for m in names]}
+
+
+def create_app(config: GatewayConfig | None = None) -> FastAPI:
+    """The ASGI app; without a config, the one named by $SPECTRUM_GATEWAY_CONFIG (how
+    uvicorn's workers build it)."""
+    config = config or load_config(os.environ[CONFIG_ENV])
+    gateway = Gateway(config)
+
+    @asynccontextmanager
+    async def lifespan(_app):
+        yield
+        await gateway.close()
+
+    app = FastAPI(title="Spectrum gateway", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
+    app.state.gateway = gateway
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_request, e: GatewayError):
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e: StarletteHTTPException):
+        message = (f"no route {request.method} {request.url.path}; this gateway serves "
+                   "/v1/chat/completions, /v1/completions, /v1/models"
+                   if e.status_code in (404, 405) else str(e.detail))
+        return JSONResponse(error_body(e.status_code, message, "not_found"),
+                            status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def unexpected(_request, e: Exception):
+        log.exception("unexpected error")
+        return JSONResponse(error_body(500, f"internal error ({type(e).__name__}); the gateway "
+                                            "logged it", "internal_error"), status_code=500)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        return await gateway.completions(request, "/chat/completions")
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await gateway.completions(request, "/completions")
+
+    @app.get("/v1/models")
+    async def models(request: Request):
+        return await gateway.models(request)
+
+    @app.get("/healthz")
+    async def healthz():
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz():
+        try:
+            await gateway.store.ping()
+        except GatewayError as e:
+            return JSONResponse({"status": "unavailable", "store": gateway.store.name,
+                                 "error": e.message}, status_code=503)
+        return {"status": "ready", "store": gateway.store.name}
+
+    @app.get("/metrics")
+    async def metrics():
+        counters = await gateway.store.metric_counters()
+        text = meter.render(counters, {"spectrum_gateway_streams_in_flight": gateway.inflight})
+        return Response(text, media_type="text/plain; version=0.0.4")
+
+    return app

@@ -1,0 +1,359 @@
+"""The gateway's configuration file: loaded, checked and turned into plain dataclasses.
+
+Every mistake is reported with the file's line and the key's path (``tenants.acme.rpm``),
+all of them at once, before the server binds its port: a gateway that starts with a
+fallback that does not exist fails its users later, under load, instead of its operator now.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+# SageMaker's real-time payload limit: a body the slowest rung would refuse is refused here.
+DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
+# Tokens reserved for a request that names no max_tokens (refunded after, as every reservation).
+DEFAULT_MAX_TOKENS = 1024
+
+
+class ConfigError(ValueError):
+    """A configuration the operator must fix; the message names every bad line and key."""
+
+
+@dataclass(frozen=True)
+class TenantLimits:
+    """One tenant's allowance; ``None`` means unlimited."""
+    name: str
+    rpm: int | None = None
+    tpm: int | None = None
+    max_concurrency: int | None = None
+    budget_usd_month: float | None = None
+    models: tuple[str, ...] = ("*",)
+
+    def allows(self, model: str) -> bool:
+        return "*" in self.models or model in self.models
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """One server that can answer a model: OpenAI-compatible over HTTP, or a managed rung."""
+    name: str
+    weight: float
+    url: str | None = None                 # OpenAI-compatible base URL (…/v1 added when absent)
+    model: str | None = None               # the name the upstream knows the model by
+    api_key_env: str | None = None         # environment variable holding the upstream's key
+    bedrock: dict | None = None            # {model_id, region?}
+    sagemaker: dict | None = None          # {endpoint, dialect?, region?}
+    usd_per_mtok_input: float = 0.0        # prices for the monthly budget and the ledger
+    usd_per_mtok_output: float = 0.0
+
+    @property
+    def kind(self) -> str:
+        return "openai" if self.url else "bedrock" if self.bedrock else "sagemaker"
+
+    def cost_usd(self, input_tokens: int, output_tokens: int) -> float:
+        return (input_tokens * self.usd_per_mtok_input + output_tokens * self.usd_per_mtok_output) / 1e6
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    upstreams: tuple[Upstream, ...]
+    tenant_overrides: dict = field(default_factory=dict)   # tenant → upstream name
+    fallback: tuple[str, ...] = ()
+    default_max_tokens: int = DEFAULT_MAX_TOKENS
+
+    def upstream(self, name: str) -> Upstream:
+        return next(u for u in self.upstreams if u.name == name)
+
+
+@dataclass(frozen=True)
+class JwtSettings:
+    jwks_file: str | None = None
+    jwks_url: str | None = None
+    issuer: str | None = None
+    audience: str | None = None
+    tenant_claim: str = "tenant"
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    path: Path
+    store: str                              # "memory" or "redis://host:port/db"
+    state_dir: Path                         # memory store: keys file and ledger; secret file
+    secret_file: Path
+    tenants: dict                           # name → TenantLimits
+    models: dict                            # name → Model
+    jwt: JwtSettings | None = None
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    connect_timeout_s: float = 2.0
+    upstream_timeout_s: float = 60.0        # the longest wait for the upstream's next bytes
+    store_timeout_ms: float = 50.0          # a store slower than this answers 503
+
+    @property
+    def uses_redis(self) -> bool:
+        return self.store.startswith(("redis://", "rediss://"))
+
+    def tenant(self, name: str) -> TenantLimits | None:
+        """The tenant's limits; tenants not listed get ``default``'s, under their own name."""
+        if name in self.tenants:
+            return self.tenants[name]
+        default = self.tenants.get("default")
+        if default is None:
+            return None
+        return TenantLimits(name, default.rpm, default.tpm, default.max_concurrency,
+                            default.budget_usd_month, default.models)
+
+
+# ---------------------------------------------------------------------------------- loading
+
+TOP_KEYS = {"store", "state_dir", "secret_file", "jwt", "tenants", "models", "max_body_bytes",
+            "connect_timeout_s", "upstream_timeout_s", "store_timeout_ms"}
+TENANT_KEYS = {"rpm", "tpm", "max_concurrency", "budget_usd_month", "models"}
+MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens"}
+UPSTREAM_KEYS = {"name", "url", "weight", "model", "api_key_env", "bedrock", "sagemaker",
+                 "usd_per_mtok_input", "usd_per_mtok_output"}
+JWT_KEYS = {"jwks_file", "jwks_url", "issuer", "audience", "tenant_claim"}
+BEDROCK_KEYS = {"model_id", "region"}
+SAGEMAKER_KEYS = {"endpoint", "dialect", "region", "inference_component"}
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
+
+
+class _Lines:
+    """The line of every key path in the YAML file, for messages."""
+
+    def __init__(self, node) -> None:
+        self.lines: dict[str, int] = {}
+        if node is not None:
+            self._walk(node, "")
+
+    def _walk(self, node, path: str) -> None:
+        self.lines[path] = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                sub = f"{path}.{key.value}" if path else str(key.value)
+                self.lines[sub] = key.start_mark.line + 1
+                self._walk(value, sub)
+                self.lines[sub] = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode):
+            for i, item in enumerate(node.value):
+                self._walk(item, f"{path}[{i}]")
+
+    def of(self, path: str) -> int:
+        while path and path not in self.lines:
+            path = path.rsplit(".", 1)[0] if "." in path else ""
+        return self.lines.get(path, 1)
+
+
+class _Checker:
+    def __init__(self, path: Path, lines: _Lines) -> None:
+        self.path, self.lines, self.errors = path, lines, []
+
+    def error(self, key: str, message: str) -> None:
+        self.errors.append((self.lines.of(key), f"{self.path.name} line {self.lines.of(key)}: "
+                                                f"{key}: {message}"))
+
+    def keys(self, where: str, value: dict, known: set) -> None:
+        for key in value:
+            if key not in known:
+                close = difflib.get_close_matches(str(key), known, n=1)
+                hint = f"did you mean {close[0]!r}? " if close else ""
+                self.error(f"{where}.{key}" if where else str(key),
+                           f"unknown key; {hint}known keys: {', '.join(sorted(known))}")
+
+    def mapping(self, key: str, value, required: bool = False) -> dict:
+        if value is None and not required:
+            return {}
+        if not isinstance(value, dict):
+            self.error(key, f"must be a mapping, got {type(value).__name__} {value!r}")
+            return {}
+        return value
+
+    def number(self, key: str, value, *, integer: bool, minimum: float = 0, allow_none=True):
+        if value is None and allow_none:
+            return None
+        ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+        if isinstance(value, bool) or not ok or value < minimum:
+            kind = "a whole number" if integer else "a number"
+            self.error(key, f"must be {kind} >= {minimum}, got {value!r}")
+            return None
+        return value
+
+    def string(self, key: str, value, *, allow_none=True):
+        if value is None and allow_none:
+            return None
+        if not isinstance(value, str) or not value:
+            self.error(key, f"must be a non-empty string, got {value!r}")
+            return None
+        return value
+
+
+def load_config(path: str | os.PathLike) -> GatewayConfig:
+    """Read and check ``path``; raises ConfigError naming every bad line and key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise ConfigError(f"cannot read the gateway config {str(path)!r}: {e.strerror}") from None
+    try:
+        node = yaml.compose(text)
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path.name}: not valid YAML: {e}") from None
+    return config_from_dict(raw, path, _Lines(node))
+
+
+def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> GatewayConfig:
+    check = _Checker(path, lines or _Lines(None))
+    raw = check.mapping("", raw, required=True) if raw is not None else {}
+    check.keys("", raw, TOP_KEYS)
+
+    store = raw.get("store", "memory")
+    if not (store == "memory" or (isinstance(store, str) and re.match(r"^rediss?://[^/\s]+(/\d+)?$", store))):
+        check.error("store", f"{store!r} is not a store; use 'memory' (one process) or "
+                             "'redis://HOST:PORT/DB' (shared by workers and replicas)")
+    base = path.parent
+    state_dir = Path(raw.get("state_dir") or base / f"{path.stem}.state")
+    if not state_dir.is_absolute():
+        state_dir = base / state_dir
+    secret_file = Path(raw.get("secret_file") or state_dir / "secret")
+    if not secret_file.is_absolute():
+        secret_file = base / secret_file
+
+    tenants = {}
+    for name, value in check.mapping("tenants", raw.get("tenants")).items():
+        key = f"tenants.{name}"
+        if not NAME_RE.match(str(name)):
+            check.error(key, "a tenant name is letters, digits and . _ : - (it goes into headers)")
+        value = check.mapping(key, value)
+        check.keys(key, value, TENANT_KEYS)
+        models = value.get("models", ["*"])
+        if isinstance(models, str):
+            models = [models]
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            check.error(f"{key}.models", f"must be a list of model names, got {models!r}")
+            models = []
+        tenants[str(name)] = TenantLimits(
+            name=str(name),
+            rpm=check.number(f"{key}.rpm", value.get("rpm"), integer=True, minimum=1),
+            tpm=check.number(f"{key}.tpm", value.get("tpm"), integer=True, minimum=1),
+            max_concurrency=check.number(f"{key}.max_concurrency", value.get("max_concurrency"),
+                                         integer=True, minimum=1),
+            budget_usd_month=check.number(f"{key}.budget_usd_month", value.get("budget_usd_month"),
+                                          integer=False, minimum=0),
+            models=tuple(models))
+
+    models = {}
+    for name, value in check.mapping("models", raw.get("models")).items():
+        models[str(name)] = _model(check, str(name), value, tenants)
+    if not models:
+        check.error("models", "no models: add at least one under models: with its upstreams")
+
+    for tenant in tenants.values():
+        for i, model in enumerate(tenant.models):
+            if model != "*" and model not in models:
+                check.error(f"tenants.{tenant.name}.models[{i}]",
+                            f"model {model!r} does not exist; models: {', '.join(sorted(models)) or 'none'}")
+
+    jwt = None
+    if raw.get("jwt") is not None:
+        value = check.mapping("jwt", raw["jwt"])
+        check.keys("jwt", value, JWT_KEYS)
+        jwt = JwtSettings(**{k: check.string(f"jwt.{k}", value.get(k)) for k in JWT_KEYS
+                             if k in value})
+        if not (jwt.jwks_file or jwt.jwks_url):
+            check.error("jwt", "needs jwks_file or jwks_url: the keys JWTs are verified against")
+        if jwt.jwks_file and not Path(jwt.jwks_file).is_absolute():
+            jwt = JwtSettings(str(base / jwt.jwks_file), jwt.jwks_url, jwt.issuer, jwt.audience,
+                              jwt.tenant_claim)
+        if jwt.jwks_file and not Path(jwt.jwks_file).is_file():
+            check.error("jwt.jwks_file", f"{jwt.jwks_file!r} is not a file")
+
+    numbers = {k: check.number(k, raw.get(k), integer=False, minimum=0.001)
+               for k in ("connect_timeout_s", "upstream_timeout_s", "store_timeout_ms")}
+    max_body = check.number("max_body_bytes", raw.get("max_body_bytes"), integer=True, minimum=1)
+
+    if check.errors:
+        raise ConfigError("the gateway config has errors:\n  " +
+                          "\n  ".join(m for _, m in sorted(check.errors)))
+    return GatewayConfig(
+        path=path, store=store, state_dir=state_dir, secret_file=secret_file, tenants=tenants,
+        models=models, jwt=jwt, max_body_bytes=max_body or DEFAULT_MAX_BODY_BYTES,
+        **{k: v for k, v in numbers.items() if v is not None})
+
+
+def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
+    key = f"models.{name}"
+    value = check.mapping(key, value, required=True)
+    check.keys(key, value, MODEL_KEYS)
+    upstreams = []
+    raw_upstreams = value.get("upstreams")
+    if not isinstance(raw_upstreams, list) or not raw_upstreams:
+        check.error(f"{key}.upstreams", "needs a list of at least one upstream "
+                                        "({name, url, weight} or {name, bedrock: {...}, weight})")
+        raw_upstreams = []
+    for i, u in enumerate(raw_upstreams):
+        ukey = f"{key}.upstreams[{i}]"
+        u = check.mapping(ukey, u, required=True)
+        check.keys(ukey, u, UPSTREAM_KEYS)
+        uname = check.string(f"{ukey}.name", u.get("name"), allow_none=False) or f"#{i}"
+        if any(x.name == uname for x in upstreams):
+            check.error(f"{ukey}.name", f"upstream {uname!r} is listed twice in model {name!r}")
+        kinds = [k for k in ("url", "bedrock", "sagemaker") if u.get(k) is not None]
+        if len(kinds) != 1:
+            check.error(ukey, f"upstream {uname!r} needs exactly one of url, bedrock, sagemaker; "
+                              f"got {', '.join(kinds) or 'none'}")
+        url = check.string(f"{ukey}.url", u.get("url"))
+        if url and not re.match(r"^https?://", url):
+            check.error(f"{ukey}.url", f"{url!r} is not an http(s) URL")
+        for kind, known, required in (("bedrock", BEDROCK_KEYS, "model_id"),
+                                      ("sagemaker", SAGEMAKER_KEYS, "endpoint")):
+            if u.get(kind) is not None:
+                sub = check.mapping(f"{ukey}.{kind}", u[kind], required=True)
+                check.keys(f"{ukey}.{kind}", sub, known)
+                if not sub.get(required):
+                    check.error(f"{ukey}.{kind}", f"needs {required}")
+        weight = check.number(f"{ukey}.weight", u.get("weight", 1), integer=False, minimum=0)
+        upstreams.append(Upstream(
+            name=uname, weight=float(weight or 0), url=url,
+            model=check.string(f"{ukey}.model", u.get("model")),
+            api_key_env=check.string(f"{ukey}.api_key_env", u.get("api_key_env")),
+            bedrock=u.get("bedrock"), sagemaker=u.get("sagemaker"),
+            usd_per_mtok_input=check.number(f"{ukey}.usd_per_mtok_input",
+                                            u.get("usd_per_mtok_input", 0), integer=False) or 0.0,
+            usd_per_mtok_output=check.number(f"{ukey}.usd_per_mtok_output",
+                                             u.get("usd_per_mtok_output", 0), integer=False) or 0.0))
+    names = [u.name for u in upstreams]
+    if upstreams and sum(u.weight for u in upstreams) <= 0:
+        check.error(f"{key}.upstreams", "the weights sum to 0, so no upstream would get traffic; "
+                                        "give at least one upstream a weight above 0")
+
+    fallback = value.get("fallback", [])
+    if isinstance(fallback, str):
+        fallback = [fallback]
+    if not isinstance(fallback, list):
+        check.error(f"{key}.fallback", f"must be a list of upstream names, got {fallback!r}")
+        fallback = []
+    for i, f in enumerate(fallback):
+        if f not in names:
+            check.error(f"{key}.fallback[{i}]", f"{f!r} is not an upstream of model {name!r}; "
+                                                f"its upstreams: {', '.join(names) or 'none'}")
+
+    overrides = check.mapping(f"{key}.tenants", value.get("tenants"))
+    for tenant, target in overrides.items():
+        if target not in names:
+            check.error(f"{key}.tenants.{tenant}", f"{target!r} is not an upstream of model "
+                                                   f"{name!r}; its upstreams: {', '.join(names)}")
+        if tenant not in tenants and "default" not in tenants:
+            check.error(f"{key}.tenants.{tenant}", f"tenant {tenant!r} is not under tenants: and "
+                                                   "there is no default tenant it could come from")
+    max_tokens = check.number(f"{key}.default_max_tokens", value.get("default_max_tokens"),
+                              integer=True, minimum=1)
+    return Model(name=name, upstreams=tuple(upstreams), tenant_overrides=dict(overrides),
+                 fallback=tuple(str(f) for f in fallback),
+                 default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS)

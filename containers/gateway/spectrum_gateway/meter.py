@@ -1,0 +1,79 @@
+"""What each request used: the ledger entry (the bill's source) and the Prometheus counters.
+
+Counters are kept by the store, so with Redis ``/metrics`` shows the whole gateway (every
+worker and replica), not whichever worker the scrape happened to reach. Labels are tenant,
+model, upstream and status: never a key, never a prompt.
+"""
+from __future__ import annotations
+
+import time
+
+METRIC_HELP = {
+    "spectrum_gateway_requests_total": ("counter", "Requests answered, by tenant, model, upstream and status."),
+    "spectrum_gateway_tokens_total": ("counter", "Tokens the upstreams reported, by tenant, model, upstream and direction."),
+    "spectrum_gateway_cost_usd_total": ("counter", "Cost at the upstreams' configured prices, by tenant and upstream."),
+    "spectrum_gateway_request_seconds_sum": ("counter", "Total latency of answered requests, by tenant and upstream."),
+    "spectrum_gateway_request_seconds_count": ("counter", "Answered requests counted in the latency sum."),
+    "spectrum_gateway_fallbacks_total": ("counter", "Requests sent to a fallback upstream, by model and the upstream that failed."),
+    "spectrum_gateway_auth_failures_total": ("counter", "Requests refused before a tenant was known, by reason."),
+}
+
+
+def _label(value) -> str:
+    return str(value).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+def sample(name: str, **labels) -> str:
+    inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+    return f"{name}{{{inner}}}"
+
+
+def ledger_entry(*, request_id: str, tenant: str, key_id: str, model: str | None,
+                 upstream: str | None, fallback_from: list[str], input_tokens: int,
+                 output_tokens: int, usage_source: str, status: int, latency_s: float,
+                 stream: bool, cost_usd: float) -> dict:
+    return {"ts_ms": int(time.time() * 1000), "request_id": request_id, "tenant": tenant,
+            "key_id": key_id, "model": model, "upstream": upstream,
+            "fallback_from": fallback_from, "input_tokens": input_tokens,
+            "output_tokens": output_tokens, "usage_source": usage_source, "status": status,
+            "latency_ms": round(latency_s * 1000, 2), "stream": stream,
+            "cost_usd": round(cost_usd, 8)}
+
+
+def increments(entry: dict) -> dict:
+    """The counter increments one ledger entry makes."""
+    tenant, model, upstream = entry["tenant"], entry["model"] or "", entry["upstream"] or ""
+    out = {sample("spectrum_gateway_requests_total", tenant=tenant, model=model,
+                  upstream=upstream, status=entry["status"]): 1}
+    if upstream:
+        for direction in ("input", "output"):
+            n = entry[f"{direction}_tokens"]
+            if n:
+                out[sample("spectrum_gateway_tokens_total", tenant=tenant, model=model,
+                           upstream=upstream, direction=direction)] = n
+        if entry["cost_usd"]:
+            out[sample("spectrum_gateway_cost_usd_total", tenant=tenant, upstream=upstream)] = entry["cost_usd"]
+        out[sample("spectrum_gateway_request_seconds_sum", tenant=tenant, upstream=upstream)] = entry["latency_ms"] / 1000
+        out[sample("spectrum_gateway_request_seconds_count", tenant=tenant, upstream=upstream)] = 1
+    for failed in entry["fallback_from"]:
+        out[sample("spectrum_gateway_fallbacks_total", model=model, upstream=failed)] = 1
+    return out
+
+
+def render(counters: dict[str, float], gauges: dict[str, float]) -> str:
+    """Prometheus text exposition of the store's counters and this process's gauges."""
+    lines = []
+    by_name: dict[str, list] = {}
+    for field, value in counters.items():
+        by_name.setdefault(field.split("{", 1)[0], []).append((field, value))
+    for name in sorted(by_name):
+        kind, text = METRIC_HELP.get(name, ("counter", name))
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
+        lines += [f"{field} {_number(value)}" for field, value in sorted(by_name[name])]
+    for name, value in gauges.items():
+        lines += [f"# TYPE {name} gauge", f"{name} {_number(value)}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,276 @@
+"""Per-tenant quota: requests and tokens per minute, concurrent requests, a monthly budget.
+
+Both windows slide (the last 60 s, not the current clock minute), so a burst that straddles
+a minute boundary cannot pass twice the limit. A request reserves 1 request, its prompt
+estimate + ``max_tokens`` tokens, a concurrency slot and its worst-case cost, all or none;
+``settle`` afterwards gives back what the upstream did not use, so a tenant never
+overshoots its tpm and a short answer does not waste it.
+
+With Redis, check-and-reserve is one Lua script, so it is exact across every worker and
+replica (the limit is the tenant's, not "limit × replicas"), and the clock is Redis's own.
+The in-memory quota is the same algorithm for one process.
+"""
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from .config import TenantLimits
+
+WINDOW_MS = 60_000
+# A crashed worker's concurrency slots are freed when their lease ends.
+CONCURRENCY_LEASE_MS = 15 * 60_000
+MICRO = 1_000_000   # budgets are counted in micro-dollars: integers, exact in Redis
+
+
+@dataclass
+class Decision:
+    """The quota's answer, and what the ``x-ratelimit-*`` headers say."""
+    allowed: bool
+    reason: str                 # "ok", "requests", "tokens", "tokens_exceed_limit", "concurrency", "budget"
+    limits: TenantLimits
+    requests: int               # in the window, this request included when allowed
+    tokens: int
+    requests_reset_ms: int      # until the oldest request in the window leaves it
+    tokens_reset_ms: int
+    retry_after_ms: int         # when denied: until the request would fit
+    spent_usd: float = 0.0
+
+    def headers(self) -> dict:
+        h = {}
+        if self.limits.rpm is not None:
+            h["x-ratelimit-limit-requests"] = str(self.limits.rpm)
+            h["x-ratelimit-remaining-requests"] = str(max(0, self.limits.rpm - self.requests))
+            h["x-ratelimit-reset-requests"] = duration(self.requests_reset_ms)
+        if self.limits.tpm is not None:
+            h["x-ratelimit-limit-tokens"] = str(self.limits.tpm)
+            h["x-ratelimit-remaining-tokens"] = str(max(0, self.limits.tpm - self.tokens))
+            h["x-ratelimit-reset-tokens"] = duration(self.tokens_reset_ms)
+        if not self.allowed and self.retry_after_ms > 0:
+            # Whole seconds, rounded up so the retry lands after the reset; the SDK prefers the
+            # exact milliseconds when given.
+            h["retry-after"] = str(max(1, math.ceil(self.retry_after_ms / 1000)))
+            h["retry-after-ms"] = str(self.retry_after_ms + 5)
+        return h
+
+    def message(self) -> str:
+        lim = self.limits
+        wait = f"retry after {self.retry_after_ms / 1000:.3g} s"
+        return {
+            "requests": f"tenant {lim.name!r} is over its {lim.rpm} requests per minute; {wait}",
+            "tokens": f"tenant {lim.name!r} would pass its {lim.tpm} tokens per minute with this "
+                      f"request (prompt + max_tokens are reserved); {wait}",
+            "tokens_exceed_limit": f"this request's prompt + max_tokens exceed tenant "
+                                   f"{lim.name!r}'s {lim.tpm} tokens per minute; lower max_tokens",
+            "concurrency": f"tenant {lim.name!r} already has {lim.max_concurrency} requests in "
+                           f"flight, its max_concurrency; {wait}",
+            "budget": f"tenant {lim.name!r} has spent ${self.spent_usd:.2f} of its "
+                      f"${lim.budget_usd_month:.2f} this month; the budget resets on the 1st (UTC)",
+        }.get(self.reason, "over quota")
+
+
+def duration(ms: int) -> str:
+    """OpenAI's reset format: ``250ms``, ``1.5s``, ``6m0s``."""
+    if ms < 1000:
+        return f"{max(0, int(ms))}ms"
+    minutes, seconds = divmod(ms / 1000, 60)
+    return f"{int(minutes)}m{seconds:.3g}s" if minutes else f"{seconds:.3g}s"
+
+
+def month_now() -> tuple[str, int]:
+    """This month as ``YYYY-MM`` and the milliseconds until the next one starts (UTC)."""
+    now = datetime.now(timezone.utc)
+    nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=timezone.utc)
+    return now.strftime("%Y-%m"), int((nxt - now).total_seconds() * 1000)
+
+
+def _limit(value) -> int:
+    return -1 if value is None else int(value)
+
+
+class MemoryQuota:
+    """The quota for one process (``store: memory``)."""
+
+    def __init__(self) -> None:
+        self.requests: dict[str, deque] = {}      # tenant → deque[(ms, id)]
+        self.tokens: dict[str, dict] = {}         # tenant → {id: [ms, tokens]}
+        self.inflight: dict[str, set] = {}
+        self.spent: dict[tuple, int] = {}         # (tenant, month) → micro-dollars
+
+    async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
+                      cost_usd: float) -> Decision:
+        now = int(time.time() * 1000)
+        cutoff = now - WINDOW_MS
+        name = limits.name
+        reqs = self.requests.setdefault(name, deque())
+        while reqs and reqs[0][0] <= cutoff:
+            reqs.popleft()
+        toks = self.tokens.setdefault(name, {})
+        for rid in [rid for rid, (ms, _) in toks.items() if ms <= cutoff]:
+            del toks[rid]
+        used = sum(t for _, t in toks.values())
+        inflight = self.inflight.setdefault(name, set())
+        month, month_left_ms = month_now()
+        spent = self.spent.get((name, month), 0)
+        cost = int(round(cost_usd * MICRO))
+
+        def tokens_fit_ms(need: int) -> int:
+            freed = 0
+            for ms, t in sorted(toks.values()):
+                freed += t
+                if used - freed + need <= limits.tpm:
+                    return ms + WINDOW_MS - now
+            return WINDOW_MS
+
+        reason, retry = "ok", 0
+        if limits.rpm is not None and len(reqs) + 1 > limits.rpm:
+            reason, retry = "requests", reqs[0][0] + WINDOW_MS - now
+        elif limits.tpm is not None and tokens > limits.tpm:
+            reason = "tokens_exceed_limit"
+        elif limits.tpm is not None and used + tokens > limits.tpm:
+            reason, retry = "tokens", tokens_fit_ms(tokens)
+        elif limits.max_concurrency is not None and len(inflight) + 1 > limits.max_concurrency:
+            reason, retry = "concurrency", 1000
+        elif limits.budget_usd_month is not None and spent + cost > limits.budget_usd_month * MICRO:
+            reason, retry = "budget", month_left_ms
+        if reason == "ok":
+            reqs.append((now, request_id))
+            toks[request_id] = [now, tokens]
+            used += tokens
+            inflight.add(request_id)
+            self.spent[(name, month)] = spent + cost
+        oldest_tok = min((ms for ms, _ in toks.values()), default=None)
+        return Decision(
+            allowed=reason == "ok", reason=reason, limits=limits, requests=len(reqs), tokens=used,
+            requests_reset_ms=(reqs[0][0] + WINDOW_MS - now) if reqs else 0,
+            tokens_reset_ms=(oldest_tok + WINDOW_MS - now) if oldest_tok is not None else 0,
+            retry_after_ms=max(0, retry), spent_usd=spent / MICRO)
+
+    async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
+                     cost_delta_usd: float) -> None:
+        entry = self.tokens.get(limits.name, {}).get(request_id)
+        if entry is not None:
+            entry[1] = max(0, entry[1] + tokens_delta)
+        self.inflight.get(limits.name, set()).discard(request_id)
+        month, _ = month_now()
+        key = (limits.name, month)
+        self.spent[key] = self.spent.get(key, 0) + int(round(cost_delta_usd * MICRO))
+
+
+# KEYS: requests zset, tokens zset, token amounts hash, token total, in-flight zset, month's spend
+# ARGV: id, rpm, tpm, tokens, max concurrency, lease ms, budget µ$, cost µ$, ms to next month
+RESERVE_LUA = """
+local rq, tq, tamount, ttotal, inflight_key, spent_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local id = ARGV[1]
+local rpm, tpm, need = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local max_conc, lease = tonumber(ARGV[5]), tonumber(ARGV[6])
+local budget, cost, month_left = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local window = 60000
+local cutoff = now - window
+
+redis.call('ZREMRANGEBYSCORE', rq, '-inf', cutoff)
+local requests = redis.call('ZCARD', rq)
+local expired = redis.call('ZRANGEBYSCORE', tq, '-inf', cutoff)
+if #expired > 0 then
+  local amounts = redis.call('HMGET', tamount, unpack(expired))
+  local freed = 0
+  for i = 1, #amounts do freed = freed + (tonumber(amounts[i]) or 0) end
+  redis.call('DECRBY', ttotal, freed)
+  redis.call('HDEL', tamount, unpack(expired))
+  redis.call('ZREMRANGEBYSCORE', tq, '-inf', cutoff)
+end
+local used = tonumber(redis.call('GET', ttotal) or '0')
+redis.call('ZREMRANGEBYSCORE', inflight_key, '-inf', now)
+local inflight = redis.call('ZCARD', inflight_key)
+local spent = tonumber(redis.call('GET', spent_key) or '0')
+
+local function oldest_reset(key)
+  local first = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  if #first == 0 then return 0 end
+  return tonumber(first[2]) + window - now
+end
+local function tokens_fit(n)
+  local entries = redis.call('ZRANGE', tq, 0, -1, 'WITHSCORES')
+  local freed = 0
+  for i = 1, #entries, 2 do
+    freed = freed + (tonumber(redis.call('HGET', tamount, entries[i])) or 0)
+    if used - freed + n <= tpm then return tonumber(entries[i + 1]) + window - now end
+  end
+  return window
+end
+
+local reason, retry = 'ok', 0
+if rpm >= 0 and requests + 1 > rpm then reason, retry = 'requests', oldest_reset(rq)
+elseif tpm >= 0 and need > tpm then reason = 'tokens_exceed_limit'
+elseif tpm >= 0 and used + need > tpm then reason, retry = 'tokens', tokens_fit(need)
+elseif max_conc >= 0 and inflight + 1 > max_conc then reason, retry = 'concurrency', 1000
+elseif budget >= 0 and spent + cost > budget then reason, retry = 'budget', month_left
+end
+if reason == 'ok' then
+  redis.call('ZADD', rq, now, id)
+  redis.call('PEXPIRE', rq, window + 1000)
+  redis.call('ZADD', tq, now, id)
+  redis.call('HSET', tamount, id, need)
+  redis.call('INCRBY', ttotal, need)
+  for _, k in ipairs({tq, tamount, ttotal}) do redis.call('PEXPIRE', k, window + 1000) end
+  redis.call('ZADD', inflight_key, now + lease, id)
+  redis.call('PEXPIRE', inflight_key, lease)
+  if cost ~= 0 then redis.call('INCRBY', spent_key, cost) end
+  redis.call('PEXPIRE', spent_key, 40 * 86400000)
+  requests, used = requests + 1, used + need
+end
+return {reason, requests, used, oldest_reset(rq), oldest_reset(tq), retry, spent}
+"""
+
+# KEYS: token amounts hash, token total, in-flight zset, month's spend; ARGV: id, Δtokens, Δµ$
+SETTLE_LUA = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
+  redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
+  redis.call('INCRBY', KEYS[2], ARGV[2])
+end
+redis.call('ZREM', KEYS[3], ARGV[1])
+if tonumber(ARGV[3]) ~= 0 then redis.call('INCRBY', KEYS[4], ARGV[3]) end
+return 1
+"""
+
+
+class RedisQuota:
+    """The quota shared by every worker and replica, one Lua call per step."""
+
+    def __init__(self, redis, prefix: str = "spectrum") -> None:
+        self.redis, self.prefix = redis, prefix
+        self._reserve = redis.register_script(RESERVE_LUA)
+        self._settle = redis.register_script(SETTLE_LUA)
+
+    def _keys(self, tenant: str, month: str) -> list[str]:
+        # One hash tag per tenant: a Redis Cluster keeps a tenant's keys on one shard.
+        p = f"{self.prefix}:q:{{{tenant}}}"
+        return [f"{p}:rq", f"{p}:tq", f"{p}:tamount", f"{p}:ttotal", f"{p}:inflight",
+                f"{p}:spent:{month}"]
+
+    async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
+                      cost_usd: float) -> Decision:
+        month, month_left = month_now()
+        budget = -1 if limits.budget_usd_month is None else int(limits.budget_usd_month * MICRO)
+        reason, requests, used, rq_reset, tq_reset, retry, spent = await self._reserve(
+            keys=self._keys(limits.name, month),
+            args=[request_id, _limit(limits.rpm), _limit(limits.tpm), tokens,
+                  _limit(limits.max_concurrency), CONCURRENCY_LEASE_MS, budget,
+                  int(round(cost_usd * MICRO)), month_left])
+        reason = reason.decode() if isinstance(reason, bytes) else reason
+        return Decision(allowed=reason == "ok", reason=reason, limits=limits,
+                        requests=int(requests), tokens=int(used),
+                        requests_reset_ms=int(rq_reset), tokens_reset_ms=int(tq_reset),
+                        retry_after_ms=max(0, int(retry)), spent_usd=int(spent) / MICRO)
+
+    async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
+                     cost_delta_usd: float) -> None:
+        month, _ = month_now()
+        keys = self._keys(limits.name, month)
+        await self._settle(keys=[keys[2], keys[3], keys[4], keys[5]],
+                           args=[request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))])

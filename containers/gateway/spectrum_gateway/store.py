@@ -1,0 +1,201 @@
+"""Where the gateway keeps its state: API key records, quota counters, the usage ledger and
+the metric counters.
+
+``memory`` (the embedded default, one process): counters in the process; key records in
+``<state_dir>/keys.json`` (written by ``admin``, re-read by the server when it changes, so a
+revoked key stops working within a second) and the ledger appended to
+``<state_dir>/usage.jsonl``.
+
+``redis://…``: everything in Redis, so every worker and replica sees the same keys, the same
+counters and one ledger (a Redis stream, whose ids are millisecond timestamps). A Redis that
+does not answer within ``store_timeout_ms`` turns into 503 naming it (``StoreUnavailable``),
+never into a request that passes unmetered; the client reconnects by itself once it is back.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import time
+from pathlib import Path
+
+from .config import GatewayConfig, TenantLimits
+from .errors import StoreUnavailable
+from .quota import Decision, MemoryQuota, RedisQuota
+
+PREFIX = "spectrum"
+KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
+
+
+def open_store(config: GatewayConfig):
+    return RedisStore(config) if config.uses_redis else MemoryStore(config)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+
+
+class MemoryStore:
+    name = "memory"
+
+    def __init__(self, config: GatewayConfig) -> None:
+        self.config = config
+        self.dir = config.state_dir
+        self.keys_path = self.dir / "keys.json"
+        self.ledger_path = self.dir / "usage.jsonl"
+        self.quota = MemoryQuota()
+        self.counters: dict[str, float] = {}
+        self._keys: dict = {}
+        self._keys_mtime: float | None = None
+        self._keys_checked = 0.0
+
+    # --- keys
+    def _load_keys(self) -> dict:
+        now = time.monotonic()
+        if now - self._keys_checked < KEYS_RELOAD_S:
+            return self._keys
+        self._keys_checked = now
+        try:
+            mtime = self.keys_path.stat().st_mtime_ns
+        except FileNotFoundError:
+            self._keys, self._keys_mtime = {}, None
+            return self._keys
+        if mtime != self._keys_mtime:
+            self._keys = json.loads(self.keys_path.read_text() or "{}")
+            self._keys_mtime = mtime
+        return self._keys
+
+    async def get_key(self, key_id: str) -> dict | None:
+        return self._load_keys().get(key_id)
+
+    async def put_key(self, record: dict) -> None:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self._keys_checked = 0.0
+        keys = dict(self._load_keys())
+        keys[record["id"]] = record
+        _write_atomic(self.keys_path, json.dumps(keys, indent=1))
+        self._keys_checked = 0.0
+
+    async def all_keys(self) -> list[dict]:
+        self._keys_checked = 0.0
+        return list(self._load_keys().values())
+
+    # --- quota
+    async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
+                      cost_usd: float) -> Decision:
+        return await self.quota.reserve(limits, request_id, tokens, cost_usd)
+
+    async def finish(self, limits: TenantLimits | None, request_id: str, tokens_delta: int,
+                     cost_delta_usd: float, entry: dict | None, increments: dict) -> None:
+        """Settle the reservation, append the ledger entry, count the metrics: one step."""
+        if limits is not None:
+            await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
+        if entry is not None:
+            self.dir.mkdir(parents=True, exist_ok=True)
+            with open(self.ledger_path, "a") as f:
+                f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        for field, value in increments.items():
+            self.counters[field] = self.counters.get(field, 0) + value
+
+    async def count(self, increments: dict) -> None:
+        for field, value in increments.items():
+            self.counters[field] = self.counters.get(field, 0) + value
+
+    async def metric_counters(self) -> dict[str, float]:
+        return dict(self.counters)
+
+    async def ledger(self, since_ms: int | None = None) -> list[dict]:
+        if not self.ledger_path.exists():
+            return []
+        out = []
+        for line in self.ledger_path.read_text().splitlines():
+            if line.strip():
+                entry = json.loads(line)
+                if since_ms is None or entry["ts_ms"] >= since_ms:
+                    out.append(entry)
+        return out
+
+    async def ping(self) -> None:
+        return None
+
+    async def close(self) -> None:
+        return None
+
+
+class RedisStore:
+    def __init__(self, config: GatewayConfig) -> None:
+        import redis.asyncio as aioredis
+        from redis.backoff import NoBackoff
+        from redis.retry import Retry
+        self.config = config
+        self.name = config.store
+        timeout = config.store_timeout_ms / 1000
+        # No retries with backoff: an unreachable store must answer 503 within the timeout.
+        self.redis = aioredis.Redis.from_url(
+            config.store, socket_connect_timeout=timeout, socket_timeout=timeout,
+            retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self.quota = RedisQuota(self.redis, PREFIX)
+        self.keys_key = f"{PREFIX}:keys"
+        self.ledger_key = f"{PREFIX}:ledger"
+        self.metrics_key = f"{PREFIX}:metrics"
+
+    async def _call(self, coro):
+        import redis.exceptions as rex
+        try:
+            return await asyncio.wait_for(coro, self.config.store_timeout_ms / 1000 * 2)
+        except (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError) as e:
+            raise StoreUnavailable(self.name, type(e).__name__ + (f": {e}" if str(e) else "")) from None
+
+    async def get_key(self, key_id: str) -> dict | None:
+        raw = await self._call(self.redis.hget(self.keys_key, key_id))
+        return json.loads(raw) if raw else None
+
+    async def put_key(self, record: dict) -> None:
+        await self._call(self.redis.hset(self.keys_key, record["id"], json.dumps(record)))
+
+    async def all_keys(self) -> list[dict]:
+        raw = await self._call(self.redis.hgetall(self.keys_key))
+        return [json.loads(v) for v in raw.values()]
+
+    async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
+                      cost_usd: float) -> Decision:
+        return await self._call(self.quota.reserve(limits, request_id, tokens, cost_usd))
+
+    async def finish(self, limits: TenantLimits | None, request_id: str, tokens_delta: int,
+                     cost_delta_usd: float, entry: dict | None, increments: dict) -> None:
+        async def run():
+            if limits is not None:   # EVALSHA, loading the script if this Redis lacks it
+                await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
+            pipe = self.redis.pipeline(transaction=False)
+            if entry is not None:
+                pipe.xadd(self.ledger_key, {"e": json.dumps(entry, separators=(",", ":"))})
+            for field, value in increments.items():
+                pipe.hincrbyfloat(self.metrics_key, field, value)
+            await pipe.execute()
+        await self._call(run())
+
+    async def count(self, increments: dict) -> None:
+        async def run():
+            pipe = self.redis.pipeline(transaction=False)
+            for field, value in increments.items():
+                pipe.hincrbyfloat(self.metrics_key, field, value)
+            await pipe.execute()
+        await self._call(run())
+
+    async def metric_counters(self) -> dict[str, float]:
+        raw = await self._call(self.redis.hgetall(self.metrics_key))
+        return {k.decode(): float(v) for k, v in raw.items()}
+
+    async def ledger(self, since_ms: int | None = None) -> list[dict]:
+        start = f"{since_ms}-0" if since_ms is not None else "-"
+        rows = await self._call(self.redis.xrange(self.ledger_key, min=start, max="+"))
+        return [json.loads(fields[b"e"]) for _, fields in rows]
+
+    async def ping(self) -> None:
+        await self._call(self.redis.ping())
+
+    async def close(self) -> None:
+        await self.redis.aclose()

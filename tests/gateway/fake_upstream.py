@@ -1,0 +1,100 @@
+"""A small OpenAI-compatible server for the gateway's tests: several named upstreams in one
+process (``/u/<name>/v1/...``), each streaming tokens at a fixed rate and reporting usage.
+
+``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
+"hang", "interval_s": ...}); ``GET /control/<name>`` returns what it saw (requests, streams
+completed and aborted by the client, the last body).
+
+Run: python fake_upstream.py PORT
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+STATE: dict[str, dict] = {}
+
+
+def upstream(name: str) -> dict:
+    return STATE.setdefault(name, {"mode": "ok", "interval_s": 0.01, "requests": 0,
+                                   "completed": 0, "aborted": 0, "last_body": None})
+
+
+async def control(request: Request):
+    u = upstream(request.path_params["name"])
+    if request.method == "POST":
+        u.update(await request.json())
+    return JSONResponse(u)
+
+
+def count_prompt(body: dict) -> int:
+    text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    return max(1, len(str(text).split()))
+
+
+async def generate(request: Request):
+    name = request.path_params["name"]
+    u = upstream(name)
+    body = await request.json()
+    u["requests"] += 1
+    u["last_body"] = body
+    if u["mode"] == "fail500":
+        return JSONResponse({"error": {"message": f"{name} is broken"}}, status_code=500)
+    if u["mode"] == "fail429":
+        return JSONResponse({"error": {"message": f"{name} is over quota"}}, status_code=429)
+    if u["mode"] == "hang":
+        await asyncio.sleep(3600)
+    chat = request.url.path.endswith("/chat/completions")
+    n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    prompt_tokens = count_prompt(body)
+    tokens = [f"{name}:{i} " for i in range(n)]
+    created = int(time.time())
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+             "total_tokens": prompt_tokens + n}
+    obj = "chat.completion" if chat else "text_completion"
+    if not body.get("stream"):
+        await asyncio.sleep(u.get("delay_s", 0))
+        choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(tokens)},
+                   "finish_reason": "length"} if chat else
+                  {"index": 0, "text": "".join(tokens), "finish_reason": "length"})
+        return JSONResponse({"id": "cmpl-1", "object": obj, "created": created,
+                             "model": body["model"], "choices": [choice], "usage": usage})
+
+    async def events():
+        done = False
+        try:
+            for i, token in enumerate(tokens):
+                await asyncio.sleep(u["interval_s"])
+                delta = ({"index": 0, "delta": {"content": token}, "finish_reason": None} if chat
+                         else {"index": 0, "text": token, "finish_reason": None})
+                if i == n - 1:
+                    delta["finish_reason"] = "length"
+                chunk = {"id": "cmpl-1", "object": obj + ".chunk", "created": created,
+                         "model": body["model"], "choices": [delta]}
+                yield f"data: {json.dumps(chunk)}\n\n"
+            if (body.get("stream_options") or {}).get("include_usage"):
+                yield f"data: {json.dumps({'id': 'cmpl-1', 'object': obj + '.chunk', 'created': created, 'model': body['model'], 'choices': [], 'usage': usage})}\n\n"
+            yield "data: [DONE]\n\n"
+            done = True
+        finally:
+            u["completed" if done else "aborted"] += 1
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+app = Starlette(routes=[
+    Route("/control/{name}", control, methods=["GET", "POST"]),
+    Route("/u/{name}/v1/chat/completions", generate, methods=["POST"]),
+    Route("/u/{name}/v1/completions", generate, methods=["POST"]),
+])
+
+if __name__ == "__main__":
+    import uvicorn
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning", access_log=False)

@@ -1,0 +1,230 @@
+"""Helpers for the gateway tests: real redis-server, fake upstreams, the gateway's own
+``serve`` and ``admin`` scripts as subprocesses, JWTs minted with keys made here."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+
+from options.local_server import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+GATEWAY_DIR = REPO / "containers" / "gateway"
+sys.path.insert(0, str(GATEWAY_DIR))      # the routing and quota logic, tested directly too
+FAKE_UPSTREAM = Path(__file__).with_name("fake_upstream.py")
+START_TIMEOUT_S = 60
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class RedisServer:
+    """A redis-server on a free port with its own directory; ``stop`` saves, ``start`` loads."""
+
+    def __init__(self, directory: Path) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("redis-server is not installed: the gateway's shared-state tests need "
+                        "it; tests/run.sh installs it (Debian: apt-get install redis-server)")
+        self.binary, self.dir, self.port = binary, directory, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.process = None
+
+    def start(self) -> None:
+        self.process = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "redis.log"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        import redis
+        client = redis.Redis(port=self.port)
+        wait_for(lambda: self._ping(client), 10, "redis-server to answer")
+
+    @staticmethod
+    def _ping(client) -> bool:
+        import redis
+        try:
+            return client.ping()
+        except redis.RedisError:
+            return False
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            import redis
+            try:
+                redis.Redis(port=self.port).shutdown(save=True)
+            except redis.RedisError:
+                pass
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class FakeUpstreams:
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.base = f"http://127.0.0.1:{port}"
+
+    def url(self, name: str) -> str:
+        return f"{self.base}/u/{name}/v1"
+
+    def set(self, name: str, **behaviour) -> dict:
+        return httpx.post(f"{self.base}/control/{name}", json=behaviour, timeout=5).json()
+
+    def stats(self, name: str) -> dict:
+        return httpx.get(f"{self.base}/control/{name}", timeout=5).json()
+
+
+class Gateway:
+    """``containers/gateway/serve`` in a subprocess, with its config and its log."""
+
+    def __init__(self, directory: Path, config: dict, workers: int = 1) -> None:
+        self.dir, self.workers = directory, workers
+        self.config_path = directory / "gateway.yaml"
+        self.config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        self.log_path = directory / "gateway.log"
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.process = None
+
+    def start(self) -> "Gateway":
+        with open(self.log_path, "a") as out:
+            self.process = subprocess.Popen(
+                [sys.executable, str(GATEWAY_DIR / "serve"), "--config", str(self.config_path),
+                 "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        wait_for(lambda: self.process.poll() is not None or answers(self.url + "/readyz"),
+                 START_TIMEOUT_S, "the gateway to answer /readyz")
+        assert self.process.poll() is None, self.log()
+        if self.workers > 1:     # every worker up, not just the first
+            wait_for(lambda: self.log().count("Application startup complete") >= self.workers,
+                     START_TIMEOUT_S, "every worker to start")
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.process.pid, 9)
+                self.process.wait()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def admin(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, str(GATEWAY_DIR / "admin"), "--config",
+                                 str(self.config_path), *args], capture_output=True, text=True,
+                                timeout=60)
+        if check:
+            assert result.returncode == 0, result.stderr
+        return result
+
+    def create_key(self, tenant: str, models: str | None = None) -> dict:
+        args = ["keys", "create", "--tenant", tenant, "--json"]
+        if models:
+            args += ["--models", models]
+        return json.loads(self.admin(*args).stdout)
+
+    def client(self, key: str, **kw):
+        import openai
+        kw.setdefault("max_retries", 0)
+        kw.setdefault("timeout", 30)
+        return openai.OpenAI(base_url=self.url + "/v1", api_key=key, **kw)
+
+    def metrics(self) -> dict[tuple, float]:
+        """/metrics through Prometheus's own parser: {(name, ((label, value), ...)): value}."""
+        from prometheus_client.parser import text_string_to_metric_families
+        text = httpx.get(self.url + "/metrics", timeout=10).text
+        return {(s.name, tuple(sorted(s.labels.items()))): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def models_config(up: FakeUpstreams, dead_port: int) -> dict:
+    return {
+        "chat": {"upstreams": [{"name": "stable", "url": up.url("stable"), "weight": 90},
+                               {"name": "canary", "url": up.url("canary"), "weight": 10},
+                               {"name": "backup", "url": up.url("backup"), "weight": 0}],
+                 "tenants": {"pinned": "canary"}, "fallback": ["backup"]},
+        "flaky": {"upstreams": [{"name": "flaky", "url": up.url("flaky"), "weight": 1},
+                                {"name": "backup", "url": up.url("backup"), "weight": 0}],
+                  "fallback": ["backup"]},
+        "dead": {"upstreams": [{"name": "refused", "url": f"http://127.0.0.1:{dead_port}/v1"},
+                               {"name": "refused2", "url": f"http://127.0.0.1:{dead_port}/v2",
+                                "weight": 0}],
+                 "fallback": ["refused2"]},
+        "slow": {"upstreams": [{"name": "hang", "url": up.url("hang")}]},
+        "stream": {"upstreams": [{"name": "slowstream", "url": up.url("slowstream")}]},
+        "abort": {"upstreams": [{"name": "abortme", "url": up.url("abortme")}]},
+        "priced": {"upstreams": [{"name": "pricey", "url": up.url("pricey"),
+                                  "usd_per_mtok_input": 1000, "usd_per_mtok_output": 1000}]},
+    }
+
+
+ISSUER, AUDIENCE = "https://idp.example", "spectrum"
+
+
+def mint(jwt_keys, tenant: str | None = "acme", alg: str = "RS256", **claims) -> str:
+    import jwt
+    now = int(time.time())
+    payload = {"iss": ISSUER, "aud": AUDIENCE, "sub": "user-1", "iat": now, "exp": now + 300}
+    if tenant is not None:
+        payload["tenant"] = tenant
+    payload.update(claims)
+    payload = {k: v for k, v in payload.items() if v is not None}
+    key, kid = (jwt_keys["rsa"], "rsa1") if alg == "RS256" else (jwt_keys["ec"], "ec1")
+    return jwt.encode(payload, key, algorithm=alg, headers={"kid": kid})
+
+
+def unsigned_jwt(header: dict, payload: dict, signature: bytes = b"") -> str:
+    enc = lambda b: base64.urlsafe_b64encode(b).rstrip(b"=").decode()   # noqa: E731
+    return ".".join([enc(json.dumps(header).encode()), enc(json.dumps(payload).encode()),
+                     enc(signature)])
+
+
+def gateway_config(store: str, up: FakeUpstreams, dead_port: int, jwks_file: str) -> dict:
+    return {
+        "store": store,
+        "upstream_timeout_s": 1.5,
+        "connect_timeout_s": 1,
+        "jwt": {"jwks_file": jwks_file, "issuer": ISSUER, "audience": AUDIENCE,
+                "tenant_claim": "tenant"},
+        "tenants": {
+            "acme": {"rpm": 100000, "models": ["chat", "flaky", "dead", "slow", "stream", "abort"]},
+            "rpm30": {"rpm": 30, "models": ["chat"]},
+            "tpm200": {"tpm": 200, "models": ["chat"]},
+            "conc1": {"max_concurrency": 1, "models": ["stream"]},
+            "budget": {"budget_usd_month": 0.5, "models": ["priced"]},
+            "pinned": {"models": ["chat"]},
+            "default": {"rpm": 1000, "models": ["chat"]},
+        },
+        "models": models_config(up, dead_port),
+    }
+
+

@@ -1,0 +1,170 @@
+"""Step 1 and 2 of the path: who is calling (API keys, JWTs) and which tenant that is."""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from gateway_harness import mint, unsigned_jwt, wait_for
+
+CHAT = dict(model="chat", messages=[{"role": "user", "content": "hello"}], max_tokens=3)
+
+
+def test_bearer_api_key_is_answered_with_rate_limit_headers(gateway, acme_key):
+    raw = gateway.client(acme_key["key"]).chat.completions.with_raw_response.create(**CHAT)
+    answer = raw.parse()
+    assert answer.choices[0].message.content.count(":") == 3
+    assert answer.usage.completion_tokens == 3
+    for h in ("x-ratelimit-limit-requests", "x-ratelimit-remaining-requests",
+              "x-ratelimit-reset-requests"):
+        assert raw.headers[h]
+    assert raw.headers["x-ratelimit-limit-requests"] == "100000"
+
+
+def test_x_api_key_header_works_too(gateway, acme_key):
+    answer = gateway.client("unused").chat.completions.create(
+        **CHAT, extra_headers={"Authorization": openai.Omit(), "x-api-key": acme_key["key"]})
+    assert answer.usage.completion_tokens == 3
+
+
+@pytest.mark.parametrize("key", ["", "sk-not-ours", "sk-spg-000000000000-" + "A" * 43])
+def test_wrong_keys_get_401_in_openai_shape(gateway, key):
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(key or "x").chat.completions.create(**CHAT)
+    body = info.value.response.json()
+    assert body["error"]["type"] == "authentication_error"
+    assert body["error"]["code"] == "invalid_api_key"
+
+
+def test_a_key_differing_in_its_secret_part_is_refused(gateway, acme_key):
+    forged = acme_key["key"][:-4] + ("AAAA" if not acme_key["key"].endswith("AAAA") else "BBBB")
+    with pytest.raises(openai.AuthenticationError):
+        gateway.client(forged).chat.completions.create(**CHAT)
+
+
+def test_store_holds_only_the_hmac(gateway, redis_server, acme_key):
+    import redis
+    raw = redis.Redis(port=redis_server.port).hget("spectrum:keys", acme_key["id"])
+    record = json.loads(raw)
+    assert acme_key["key"] not in raw.decode()
+    secret = (gateway.dir / "gateway.state" / "secret").read_text().strip().encode()
+    assert record["hash"] == hmac.new(secret, acme_key["key"].encode(), hashlib.sha256).hexdigest()
+
+
+def test_revoked_key_stops_on_every_worker_within_a_second(gateway):
+    key = gateway.create_key("acme")
+    gateway.client(key["key"]).chat.completions.create(**CHAT)
+    gateway.admin("keys", "revoke", key["id"])
+    codes = []
+    for _ in range(12):     # a fresh connection each: both workers get some of them
+        with httpx.Client() as fresh:
+            r = fresh.post(gateway.url + "/v1/chat/completions", json=CHAT,
+                           headers={"Authorization": f"Bearer {key['key']}"})
+            codes.append((r.status_code, r.json()["error"]["code"]))
+    # Redis holds the key records, so the very first request after the revoke is refused.
+    assert set(codes) == {(401, "revoked_api_key")}
+
+
+def test_key_restricted_to_models(gateway):
+    key = gateway.create_key("acme", models="chat")
+    client = gateway.client(key["key"])
+    client.chat.completions.create(**CHAT)
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        client.chat.completions.create(**{**CHAT, "model": "flaky"})
+    assert f"API key {key['id']} may not use model 'flaky'" in info.value.message
+
+
+# --- JWTs
+
+def test_rs256_and_es256_jwts_name_the_tenant(gateway, jwt_keys):
+    for alg in ("RS256", "ES256"):
+        raw = gateway.client(mint(jwt_keys, "acme", alg)).chat.completions.with_raw_response.create(**CHAT)
+        assert raw.headers["x-ratelimit-limit-requests"] == "100000"   # acme's, not default's
+
+
+def test_jwt_tenant_not_listed_gets_default(gateway, jwt_keys):
+    raw = gateway.client(mint(jwt_keys, "newcomer")).chat.completions.with_raw_response.create(**CHAT)
+    assert raw.headers["x-ratelimit-limit-requests"] == "1000"
+
+
+@pytest.mark.parametrize("claims, fragment", [
+    ({"exp": int(time.time()) - 10}, "Signature has expired"),
+    ({"nbf": int(time.time()) + 600}, "not yet valid"),
+    ({"iss": "https://evil.example"}, "Invalid issuer"),
+    ({"aud": "someone-else"}, "Audience doesn't match"),
+    ({"exp": None}, 'Token is missing the "exp" claim'),
+])
+def test_jwt_claims_are_checked(gateway, jwt_keys, claims, fragment):
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(mint(jwt_keys, "acme", **claims)).chat.completions.create(**CHAT)
+    assert fragment in info.value.message
+
+
+def test_alg_none_is_refused(gateway):
+    token = unsigned_jwt({"alg": "none", "typ": "JWT"},
+                         {"iss": "https://idp.example", "aud": "spectrum", "tenant": "acme",
+                          "exp": int(time.time()) + 300})
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(token).chat.completions.create(**CHAT)
+    assert "alg 'none' is not accepted" in info.value.message
+
+
+def test_hs256_signed_with_the_public_key_is_refused(gateway, jwt_keys):
+    from cryptography.hazmat.primitives import serialization
+    public_pem = jwt_keys["rsa"].public_key().public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+    header = {"alg": "HS256", "typ": "JWT", "kid": "rsa1"}
+    payload = {"iss": "https://idp.example", "aud": "spectrum", "tenant": "acme",
+               "exp": int(time.time()) + 300}
+    unsigned = unsigned_jwt(header, payload).rsplit(".", 1)[0]
+    signature = hmac.new(public_pem, unsigned.encode(), hashlib.sha256).digest()
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(unsigned_jwt(header, payload, signature)).chat.completions.create(**CHAT)
+    assert "alg 'HS256' is not accepted" in info.value.message
+
+
+def test_jwt_signed_by_a_key_outside_the_jwks_is_refused(gateway, jwt_keys):
+    from cryptography.hazmat.primitives.asymmetric import rsa
+    stranger = {**jwt_keys, "rsa": rsa.generate_private_key(public_exponent=65537, key_size=2048)}
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(mint(stranger, "acme")).chat.completions.create(**CHAT)
+    assert "Signature verification failed" in info.value.message
+
+
+def test_jwt_without_tenant_claim_is_403(gateway, jwt_keys):
+    with pytest.raises(openai.PermissionDeniedError) as info:
+        gateway.client(mint(jwt_keys, None)).chat.completions.create(**CHAT)
+    assert "no 'tenant' claim" in info.value.message
+
+
+def test_unknown_tenant_without_default_is_403(tmp_path, upstreams, dead_port, jwt_keys):
+    from gateway_harness import Gateway, gateway_config
+    config = gateway_config("memory", upstreams, dead_port, jwt_keys["jwks_file"])
+    del config["tenants"]["default"]
+    gw = Gateway(tmp_path, config).start()
+    try:
+        with pytest.raises(openai.PermissionDeniedError) as info:
+            gw.client(mint(jwt_keys, "stranger")).chat.completions.create(**CHAT)
+        assert "tenant 'stranger' is not configured and this gateway has no default tenant" \
+            in info.value.message
+        # The embedded default store: a key made by admin works on the one-process server.
+        key = gw.create_key("acme")
+        assert gw.client(key["key"]).chat.completions.create(**CHAT).usage.completion_tokens == 3
+        gw.admin("keys", "revoke", key["id"])
+        revoked_at = time.monotonic()
+
+        def refused():
+            try:
+                gw.client(key["key"]).chat.completions.create(**CHAT)
+            except openai.AuthenticationError as e:
+                return "was revoked" in e.message
+            return False
+        wait_for(refused, 5, "the revoked key to be refused", interval_s=0.02)
+        assert time.monotonic() - revoked_at < 1
+    finally:
+        gw.stop()
