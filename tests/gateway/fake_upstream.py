@@ -2,7 +2,7 @@
 process (``/u/<name>/v1/...``), each streaming tokens at a fixed rate and reporting usage.
 
 ``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
-"hang", "interval_s": ...}); ``GET /control/<name>`` returns what it saw (requests, streams
+"hang", "interval_s": ..., "stop_after": N}); ``GET /control/<name>`` returns what it saw (requests, streams
 completed and aborted by the client, the last body).
 
 Run: python fake_upstream.py PORT
@@ -53,6 +53,8 @@ async def generate(request: Request):
         await asyncio.sleep(3600)
     chat = request.url.path.endswith("/chat/completions")
     n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
+    if u.get("stop_after"):        # an answer that ends before max_tokens (unused reservation)
+        n = min(n, int(u["stop_after"]))
     prompt_tokens = count_prompt(body)
     tokens = [f"{name}:{i} " for i in range(n)]
     created = int(time.time())

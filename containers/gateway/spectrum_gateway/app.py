@@ -329,6 +329,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app):
+        await gateway.store.warm()
         yield
         await gateway.close()
 

@@ -93,7 +93,10 @@ class GatewayConfig:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     connect_timeout_s: float = 2.0
     upstream_timeout_s: float = 60.0        # the longest wait for the upstream's next bytes
-    store_timeout_ms: float = 50.0          # a store slower than this answers 503
+    # An unreachable store is a 503 within the connect timeout (a refused connection: at
+    # once); a reachable one gets longer per command, as a busy event loop delays replies.
+    store_connect_timeout_ms: float = 100.0
+    store_command_timeout_ms: float = 1000.0
 
     @property
     def uses_redis(self) -> bool:
@@ -113,7 +116,8 @@ class GatewayConfig:
 # ---------------------------------------------------------------------------------- loading
 
 TOP_KEYS = {"store", "state_dir", "secret_file", "jwt", "tenants", "models", "max_body_bytes",
-            "connect_timeout_s", "upstream_timeout_s", "store_timeout_ms"}
+            "connect_timeout_s", "upstream_timeout_s", "store_connect_timeout_ms",
+            "store_command_timeout_ms"}
 TENANT_KEYS = {"rpm", "tpm", "max_concurrency", "budget_usd_month", "models"}
 MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens"}
 UPSTREAM_KEYS = {"name", "url", "weight", "model", "api_key_env", "bedrock", "sagemaker",
@@ -275,7 +279,8 @@ def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> Gatew
             check.error("jwt.jwks_file", f"{jwt.jwks_file!r} is not a file")
 
     numbers = {k: check.number(k, raw.get(k), integer=False, minimum=0.001)
-               for k in ("connect_timeout_s", "upstream_timeout_s", "store_timeout_ms")}
+               for k in ("connect_timeout_s", "upstream_timeout_s", "store_connect_timeout_ms",
+                         "store_command_timeout_ms")}
     max_body = check.number("max_body_bytes", raw.get("max_body_bytes"), integer=True, minimum=1)
 
     if check.errors:

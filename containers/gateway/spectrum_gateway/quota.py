@@ -59,17 +59,21 @@ class Decision:
     def message(self) -> str:
         lim = self.limits
         wait = f"retry after {self.retry_after_ms / 1000:.3g} s"
-        return {
-            "requests": f"tenant {lim.name!r} is over its {lim.rpm} requests per minute; {wait}",
-            "tokens": f"tenant {lim.name!r} would pass its {lim.tpm} tokens per minute with this "
-                      f"request (prompt + max_tokens are reserved); {wait}",
-            "tokens_exceed_limit": f"this request's prompt + max_tokens exceed tenant "
-                                   f"{lim.name!r}'s {lim.tpm} tokens per minute; lower max_tokens",
-            "concurrency": f"tenant {lim.name!r} already has {lim.max_concurrency} requests in "
-                           f"flight, its max_concurrency; {wait}",
-            "budget": f"tenant {lim.name!r} has spent ${self.spent_usd:.2f} of its "
-                      f"${lim.budget_usd_month:.2f} this month; the budget resets on the 1st (UTC)",
-        }.get(self.reason, "over quota")
+        if self.reason == "requests":
+            return f"tenant {lim.name!r} is over its {lim.rpm} requests per minute; {wait}"
+        if self.reason == "tokens":
+            return (f"tenant {lim.name!r} would pass its {lim.tpm} tokens per minute with this "
+                    f"request (prompt + max_tokens are reserved); {wait}")
+        if self.reason == "tokens_exceed_limit":
+            return (f"this request's prompt + max_tokens exceed tenant {lim.name!r}'s {lim.tpm} "
+                    "tokens per minute; lower max_tokens")
+        if self.reason == "concurrency":
+            return (f"tenant {lim.name!r} already has {lim.max_concurrency} requests in flight, "
+                    f"its max_concurrency; {wait}")
+        if self.reason == "budget":
+            return (f"tenant {lim.name!r} has spent ${self.spent_usd:.2f} of its "
+                    f"${lim.budget_usd_month:.2f} this month; the budget resets on the 1st (UTC)")
+        return "over quota"
 
 
 def duration(ms: int) -> str:

@@ -8,12 +8,11 @@ revoked key stops working within a second) and the ledger appended to
 
 ``redis://…``: everything in Redis, so every worker and replica sees the same keys, the same
 counters and one ledger (a Redis stream, whose ids are millisecond timestamps). A Redis that
-does not answer within ``store_timeout_ms`` turns into 503 naming it (``StoreUnavailable``),
+cannot be reached within ``store_connect_timeout_ms`` turns into 503 naming it (``StoreUnavailable``),
 never into a request that passes unmetered; the client reconnects by itself once it is back.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -24,7 +23,8 @@ from .errors import StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
 
 PREFIX = "spectrum"
-KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
+KEYS_RELOAD_S = 0.25
+POOL_CONNECTIONS = 16    # Redis connections per worker     # the memory store re-reads keys.json at most this often
 
 
 def open_store(config: GatewayConfig):
@@ -121,6 +121,9 @@ class MemoryStore:
     async def ping(self) -> None:
         return None
 
+    async def warm(self) -> None:
+        return None
+
     async def close(self) -> None:
         return None
 
@@ -132,11 +135,16 @@ class RedisStore:
         from redis.retry import Retry
         self.config = config
         self.name = config.store
-        timeout = config.store_timeout_ms / 1000
         # No retries with backoff: an unreachable store must answer 503 within the timeout.
-        self.redis = aioredis.Redis.from_url(
-            config.store, socket_connect_timeout=timeout, socket_timeout=timeout,
+        # A bounded pool: a burst of requests waits for a warm connection instead of opening
+        # dozens at once (each connect racing the connect timeout on a busy event loop).
+        pool = aioredis.BlockingConnectionPool.from_url(
+            config.store, max_connections=POOL_CONNECTIONS,
+            timeout=config.store_command_timeout_ms / 1000,
+            socket_connect_timeout=config.store_connect_timeout_ms / 1000,
+            socket_timeout=config.store_command_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0), health_check_interval=0)
+        self.redis = aioredis.Redis(connection_pool=pool)
         self.quota = RedisQuota(self.redis, PREFIX)
         self.keys_key = f"{PREFIX}:keys"
         self.ledger_key = f"{PREFIX}:ledger"
@@ -145,8 +153,8 @@ class RedisStore:
     async def _call(self, coro):
         import redis.exceptions as rex
         try:
-            return await asyncio.wait_for(coro, self.config.store_timeout_ms / 1000 * 2)
-        except (rex.ConnectionError, rex.TimeoutError, asyncio.TimeoutError, OSError) as e:
+            return await coro
+        except (rex.ConnectionError, rex.TimeoutError, OSError) as e:
             raise StoreUnavailable(self.name, type(e).__name__ + (f": {e}" if str(e) else "")) from None
 
     async def get_key(self, key_id: str) -> dict | None:
@@ -197,5 +205,23 @@ class RedisStore:
     async def ping(self) -> None:
         await self._call(self.redis.ping())
 
+    async def warm(self) -> None:
+        """Open the pool's connections while the worker is idle, so a burst of requests finds
+        them ready rather than racing the connect timeout; a store that is down is no reason
+        not to start (``/readyz`` says so)."""
+        pool = self.redis.connection_pool
+        connections = []
+        try:
+            for _ in range(POOL_CONNECTIONS):
+                connection = await pool.get_connection()
+                connections.append(connection)
+                await connection.connect()
+        except Exception:     # unreachable now: requests will say so, with a 503
+            pass
+        finally:
+            for connection in connections:
+                await pool.release(connection)
+
     async def close(self) -> None:
         await self.redis.aclose()
+        await self.redis.connection_pool.disconnect()
