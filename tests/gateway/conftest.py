@@ -39,7 +39,11 @@ def upstreams(tmp_path_factory):
         yield FakeUpstreams(port)
     finally:
         process.terminate()
-        process.wait(10)
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
 
 
 @pytest.fixture(scope="session")

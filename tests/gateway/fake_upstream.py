@@ -49,8 +49,10 @@ async def generate(request: Request):
         return JSONResponse({"error": {"message": f"{name} is broken"}}, status_code=500)
     if u["mode"] == "fail429":
         return JSONResponse({"error": {"message": f"{name} is over quota"}}, status_code=429)
-    if u["mode"] == "hang":
-        await asyncio.sleep(3600)
+    if u["mode"] == "hang":       # never answers; gives up once the caller has hung up
+        while not await request.is_disconnected():
+            await asyncio.sleep(0.1)
+        return JSONResponse({}, status_code=499)
     chat = request.url.path.endswith("/chat/completions")
     n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     if u.get("stop_after"):        # an answer that ends before max_tokens (unused reservation)

@@ -158,12 +158,13 @@ class Gateway:
         kw.setdefault("timeout", 30)
         return openai.OpenAI(base_url=self.url + "/v1", api_key=key, **kw)
 
-    def metrics(self) -> dict[tuple, float]:
-        """/metrics through Prometheus's own parser: {(name, ((label, value), ...)): value}."""
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of /metrics, read with Prometheus's own parser (0 when absent)."""
         from prometheus_client.parser import text_string_to_metric_families
         text = httpx.get(self.url + "/metrics", timeout=10).text
-        return {(s.name, tuple(sorted(s.labels.items()))): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        samples = {(s.name, frozenset(s.labels.items())): s.value
+                   for family in text_string_to_metric_families(text) for s in family.samples}
+        return samples.get((name, frozenset(labels.items())), 0.0)
 
 
 def models_config(up: FakeUpstreams, dead_port: int) -> dict:

@@ -61,8 +61,9 @@ def test_revoked_key_stops_on_every_worker_within_a_second(gateway):
     gateway.client(key["key"]).chat.completions.create(**CHAT)
     gateway.admin("keys", "revoke", key["id"])
     codes = []
-    for _ in range(12):     # a fresh connection each: both workers get some of them
-        with httpx.Client() as fresh:
+    # No keep-alive: a fresh connection per request, so both workers get some of them.
+    with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0)) as fresh:
+        for _ in range(12):
             r = fresh.post(gateway.url + "/v1/chat/completions", json=CHAT,
                            headers={"Authorization": f"Bearer {key['key']}"})
             codes.append((r.status_code, r.json()["error"]["code"]))

@@ -12,8 +12,7 @@ METRIC_HELP = {
     "spectrum_gateway_requests_total": ("counter", "Requests answered, by tenant, model, upstream and status."),
     "spectrum_gateway_tokens_total": ("counter", "Tokens the upstreams reported, by tenant, model, upstream and direction."),
     "spectrum_gateway_cost_usd_total": ("counter", "Cost at the upstreams' configured prices, by tenant and upstream."),
-    "spectrum_gateway_request_seconds_sum": ("counter", "Total latency of answered requests, by tenant and upstream."),
-    "spectrum_gateway_request_seconds_count": ("counter", "Answered requests counted in the latency sum."),
+    "spectrum_gateway_request_seconds": ("summary", "Latency of requests an upstream answered, by tenant and upstream."),
     "spectrum_gateway_fallbacks_total": ("counter", "Requests sent to a fallback upstream, by model and the upstream that failed."),
     "spectrum_gateway_auth_failures_total": ("counter", "Requests refused before a tenant was known, by reason."),
 }
@@ -69,7 +68,11 @@ def render(counters: dict[str, float], gauges: dict[str, float]) -> str:
     lines = []
     by_name: dict[str, list] = {}
     for field, value in counters.items():
-        by_name.setdefault(field.split("{", 1)[0], []).append((field, value))
+        name = field.split("{", 1)[0]
+        base = name.rsplit("_", 1)[0]
+        if METRIC_HELP.get(base, ("",))[0] == "summary":     # _sum and _count: one family
+            name = base
+        by_name.setdefault(name, []).append((field, value))
     for name in sorted(by_name):
         kind, text = METRIC_HELP.get(name, ("counter", name))
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]

@@ -1,0 +1,114 @@
+"""Step 6 and the faults: the ledger, /metrics, health, and a store that goes away."""
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from gateway_harness import Gateway, RedisServer, gateway_config, wait_for
+
+HI = [{"role": "user", "content": "one two three"}]
+
+
+def test_every_request_is_in_the_ledger_and_the_metrics(gateway, upstreams):
+    key = gateway.create_key("acme")
+    client = gateway.client(key["key"])
+    upstreams.set("slowstream", interval_s=0.005)
+    client.chat.completions.create(model="stream", messages=HI, max_tokens=4)
+    list(client.chat.completions.create(model="stream", messages=HI, max_tokens=5, stream=True))
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="nope", messages=HI, max_tokens=5)
+
+    usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
+    mine = [e for e in usage["entries"] if e["key_id"] == key["id"]]
+    assert [(e["model"], e["upstream"], e["status"], e["stream"]) for e in mine] == [
+        ("stream", "slowstream", 200, False), ("stream", "slowstream", 200, True),
+        ("nope", None, 404, False)]
+    # Tokens are the upstream's own count (3 prompt words), not the gateway's estimate.
+    assert [(e["input_tokens"], e["output_tokens"], e["usage_source"]) for e in mine[:2]] == [
+        (3, 4, "upstream"), (3, 5, "upstream")]
+    assert all(e["latency_ms"] > 0 and e["tenant"] == "acme" for e in mine)
+
+    labels = dict(model="stream", tenant="acme", upstream="slowstream")
+    assert gateway.metric("spectrum_gateway_requests_total", status="200", **labels) >= 2
+    assert gateway.metric("spectrum_gateway_tokens_total", direction="output", **labels) >= 9
+    assert gateway.metric("spectrum_gateway_request_seconds_count", tenant="acme",
+                          upstream="slowstream") >= 2
+
+
+def test_aborted_stream_is_metered_as_499(gateway, upstreams):
+    key = gateway.create_key("acme")
+    upstreams.set("abortme", interval_s=0.05)
+    with gateway.client(key["key"]).chat.completions.with_streaming_response.create(
+            model="abort", messages=HI, max_tokens=100, stream=True) as response:
+        next(iter(response.parse()))
+
+    def entry():
+        usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
+        return [e for e in usage["entries"] if e["key_id"] == key["id"]]
+    [aborted] = wait_for(entry, 10, "the aborted stream's ledger entry", interval_s=0.3)
+    assert aborted["status"] == 499 and aborted["upstream"] == "abortme"
+
+
+def test_keys_never_reach_logs_metrics_or_the_ledger(gateway, redis_server):
+    key = gateway.create_key("acme")
+    gateway.client(key["key"]).chat.completions.create(model="chat", messages=HI, max_tokens=2)
+    wrong = key["key"][:-6] + "WRONG1"
+    with pytest.raises(openai.AuthenticationError) as info:
+        gateway.client(wrong).chat.completions.create(model="chat", messages=HI, max_tokens=2)
+    assert wrong not in info.value.message
+    import redis
+    dump = repr(redis.Redis(port=redis_server.port).xrange("spectrum:ledger"))
+    metrics_text = httpx.get(gateway.url + "/metrics").text
+    secret_part = key["key"].rsplit("-", 1)[1]
+    for text in (gateway.log(), metrics_text, dump):
+        assert secret_part not in text and "WRONG1" not in text
+    assert 'spectrum_gateway_auth_failures_total{reason="invalid_api_key"}' in metrics_text
+
+
+def test_health_and_readiness(gateway):
+    assert httpx.get(gateway.url + "/healthz").json() == {"status": "ok"}
+    assert httpx.get(gateway.url + "/readyz").json()["status"] == "ready"
+
+
+def test_store_down_is_503_fast_naming_it_and_recovers_without_restart(
+        tmp_path, upstreams, dead_port, jwt_keys):
+    store = RedisServer(tmp_path)
+    store.start()
+    gw = Gateway(tmp_path, gateway_config(store.url, upstreams, dead_port, jwt_keys["jwks_file"]))
+    gw.start()
+    try:
+        key = gw.create_key("acme")
+        body = {"model": "chat", "messages": HI, "max_tokens": 2}
+        headers = {"Authorization": f"Bearer {key['key']}"}
+        with httpx.Client(base_url=gw.url, headers=headers, timeout=10) as http:
+            assert http.post("/v1/chat/completions", json=body).status_code == 200
+            store.stop()                 # saves its data, as a restarted Redis would have it
+            timings = []
+            for _ in range(3):
+                started = time.perf_counter()
+                r = http.post("/v1/chat/completions", json=body)
+                timings.append(time.perf_counter() - started)
+                assert r.status_code == 503
+                assert r.json()["error"]["message"].startswith(f"the gateway's store {store.url} is unreachable")
+            assert min(timings) < 0.1, timings
+            ready = http.get("/readyz")
+            assert ready.status_code == 503 and ready.json()["store"] == store.url
+            # The OpenAI SDK sees a 503 it can retry, not a hang.
+            with pytest.raises(openai.InternalServerError) as info:
+                gw.client(key["key"]).chat.completions.create(**body)
+            assert info.value.status_code == 503
+
+            store.start()
+            wait_for(lambda: http.post("/v1/chat/completions", json=body).status_code == 200, 10,
+                     "the gateway to use the store again")
+        usage = json.loads(gw.admin("usage", "--json").stdout)
+        # Requests refused while the store was down were not answered, so not metered as served.
+        assert [e["status"] for e in usage["entries"]].count(200) >= 2
+        assert 503 not in [e["status"] for e in usage["entries"]]
+    finally:
+        gw.stop()
+        store.stop()

@@ -1,0 +1,104 @@
+"""Step 5: the call. Streams pass through as they arrive, a client hanging up aborts the
+upstream call, and upstream faults and bad bodies get the right status in OpenAI's shape."""
+from __future__ import annotations
+
+import time
+
+import httpx
+import openai
+import pytest
+
+from gateway_harness import wait_for
+
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_stream_passes_through_as_it_arrives(gateway, acme_key, upstreams):
+    upstreams.set("slowstream", interval_s=0.1)
+    client = gateway.client(acme_key["key"])
+    started = time.monotonic()
+    arrivals, text = [], ""
+    for chunk in client.chat.completions.create(model="stream", messages=HI, max_tokens=12,
+                                                stream=True):
+        if chunk.choices and chunk.choices[0].delta.content:
+            arrivals.append(time.monotonic() - started)
+            text += chunk.choices[0].delta.content
+    assert text == "".join(f"slowstream:{i} " for i in range(12))
+    # Upstream pace is 0.1 s a token: the first comes early, the rest spread over ~1.1 s
+    # (a buffering proxy would deliver them all at once at the end).
+    assert arrivals[0] < 0.8
+    assert arrivals[-1] - arrivals[0] > 0.8
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:])]
+    assert sorted(gaps)[len(gaps) // 2] > 0.05
+
+
+def test_stream_usage_reaches_the_client_only_when_asked(gateway, acme_key, upstreams):
+    upstreams.set("slowstream", interval_s=0.005)
+    client = gateway.client(acme_key["key"])
+    plain = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3, stream=True))
+    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+    asked = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3, stream=True,
+                                                stream_options={"include_usage": True}))
+    assert asked[-1].usage.completion_tokens == 3 and asked[-1].choices == []
+
+
+def test_legacy_completions_route(gateway, acme_key):
+    answer = gateway.client(acme_key["key"]).completions.create(model="chat", prompt="a b c", max_tokens=2)
+    assert answer.choices[0].text in ("stable:0 stable:1 ", "canary:0 canary:1 ")
+    assert answer.usage.prompt_tokens == 3
+
+
+def test_client_disconnect_aborts_the_upstream_call(gateway, acme_key, upstreams):
+    upstreams.set("abortme", interval_s=0.05)
+    before = upstreams.stats("abortme")
+    client = gateway.client(acme_key["key"])
+    with client.chat.completions.with_streaming_response.create(
+            model="abort", messages=HI, max_tokens=200, stream=True) as response:
+        stream = iter(response.parse())
+        for _ in range(3):
+            next(stream)
+    hung_up = time.monotonic()     # leaving the block closed the connection, 10 s early
+    wait_for(lambda: upstreams.stats("abortme")["aborted"] == before["aborted"] + 1, 5,
+             "the upstream to see its stream aborted")
+    assert time.monotonic() - hung_up < 2
+    assert upstreams.stats("abortme")["completed"] == before["completed"]
+
+
+def test_upstream_timeout_is_504(gateway, acme_key, upstreams):
+    upstreams.set("hang", mode="hang")
+    started = time.monotonic()
+    with pytest.raises(openai.InternalServerError) as info:
+        gateway.client(acme_key["key"]).chat.completions.create(model="slow", messages=HI, max_tokens=2)
+    assert info.value.status_code == 504
+    assert "every upstream of model 'slow' failed: hang timed out" in info.value.message
+    assert info.value.body["type"] == "timeout_error"
+    assert 1.4 < time.monotonic() - started < 10      # upstream_timeout_s: 1.5
+
+
+def test_refused_upstream_is_502_after_fallback(gateway, acme_key):
+    with pytest.raises(openai.InternalServerError) as info:
+        gateway.client(acme_key["key"]).chat.completions.create(model="dead", messages=HI, max_tokens=2)
+    assert info.value.status_code == 502
+    assert "refused unreachable" in info.value.message and "refused2 unreachable" in info.value.message
+    assert info.value.response.headers["x-spectrum-fallback"] == "refused refused; refused2 refused"
+
+
+def test_body_over_6_mb_is_413(gateway, acme_key):
+    with pytest.raises(openai.APIStatusError) as info:
+        gateway.client(acme_key["key"]).chat.completions.create(
+            model="chat", max_tokens=2, messages=[{"role": "user", "content": "x" * (6 * 1024 * 1024)}])
+    assert info.value.status_code == 413
+    assert "accepts at most 6291456 (max_body_bytes)" in info.value.message
+
+
+def test_malformed_json_is_400_and_unknown_routes_404(gateway, acme_key):
+    headers = {"Authorization": f"Bearer {acme_key['key']}", "content-type": "application/json"}
+    r = httpx.post(gateway.url + "/v1/chat/completions", content=b'{"model": "chat",', headers=headers)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_json"
+    r = httpx.post(gateway.url + "/v1/chat/completions", content=b'[1, 2]', headers=headers)
+    assert r.status_code == 400 and "must be a JSON object" in r.json()["error"]["message"]
+    with pytest.raises(openai.BadRequestError) as info:
+        gateway.client(acme_key["key"]).chat.completions.create(model="chat", messages=HI, max_tokens=-5)
+    assert "max_tokens must be a whole number >= 1, got -5" in info.value.message
+    r = httpx.get(gateway.url + "/v1/nothing-here", headers=headers)
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
