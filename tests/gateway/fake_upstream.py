@@ -64,7 +64,13 @@ async def generate(request: Request):
              "total_tokens": prompt_tokens + n}
     obj = "chat.completion" if chat else "text_completion"
     if not body.get("stream"):
-        await asyncio.sleep(u.get("delay_s", 0))
+        deadline = time.monotonic() + u.get("delay_s", 0)
+        while time.monotonic() < deadline:      # a slow whole answer, abandoned if the caller goes
+            if await request.is_disconnected():
+                u["aborted"] += 1
+                return JSONResponse({}, status_code=499)
+            await asyncio.sleep(0.05)
+        u["completed"] += 1
         choice = ({"index": 0, "message": {"role": "assistant", "content": "".join(tokens)},
                    "finish_reason": "length"} if chat else
                   {"index": 0, "text": "".join(tokens), "finish_reason": "length"})

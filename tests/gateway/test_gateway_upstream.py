@@ -64,6 +64,20 @@ def test_client_disconnect_aborts_the_upstream_call(gateway, acme_key, upstreams
     assert upstreams.stats("abortme")["completed"] == before["completed"]
 
 
+def test_client_leaving_a_whole_answer_aborts_the_upstream_call(gateway, acme_key, upstreams):
+    upstreams.set("abortme", delay_s=5)
+    before = upstreams.stats("abortme")
+    try:
+        with pytest.raises(openai.APITimeoutError):
+            gateway.client(acme_key["key"], timeout=0.7).chat.completions.create(
+                model="abort", messages=HI, max_tokens=2)
+        wait_for(lambda: upstreams.stats("abortme")["aborted"] == before["aborted"] + 1, 3,
+                 "the upstream to see the whole-answer request abandoned")
+        assert upstreams.stats("abortme")["completed"] == before["completed"]
+    finally:
+        upstreams.set("abortme", delay_s=0)
+
+
 def test_upstream_timeout_is_504(gateway, acme_key, upstreams):
     upstreams.set("hang", mode="hang")
     started = time.monotonic()

@@ -216,9 +216,24 @@ class Gateway:
         call.limits, call.reserved_tokens, call.reserved_cost = limits, tokens, cost
         headers["x-request-id"] = call.request_id
 
+        if call.stream:
+            response = await self._open(call, order, body, path, headers)
+            if response.status_code < 400:
+                want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+                return RelayResponse(self._relay(response, call, want_usage), status_code=200,
+                                     headers=headers, media_type="text/event-stream")
+            return await self._whole(response, call, headers)
+
+        async def whole():
+            return await self._whole(await self._open(call, order, body, path, headers), call,
+                                     headers)
+        return await self._unless_client_leaves(request, call, whole)
+
+    async def _open(self, call: Call, order: list, body: dict, path: str, headers: dict):
+        """The first upstream in ``order`` that answers; each failure noted in ``headers``."""
         response = None
         for upstream in order:
-            upstream_body = dict(body, model=upstream.model or name)
+            upstream_body = dict(body, model=upstream.model or call.model)
             if call.stream:   # ask for usage so the ledger has the upstream's own count
                 upstream_body["stream_options"] = {**(body.get("stream_options") or {}),
                                                    "include_usage": True}
@@ -239,15 +254,38 @@ class Gateway:
         if response is None:
             last = call.failures[-1]
             status = 429 if all(f.status == 429 for f in call.failures) else last.gateway_status
-            raise GatewayError(status, f"every upstream of model {name!r} failed: " +
+            raise GatewayError(status, f"every upstream of model {call.model!r} failed: " +
                                "; ".join(map(str, call.failures)),
                                "upstream_timeout" if status == 504 else "upstream_failed", headers)
         headers["x-spectrum-upstream"] = call.upstream.name
-        if call.stream and response.status_code < 400:
-            want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-            return RelayResponse(self._relay(response, call, want_usage), status_code=200,
-                                 headers=headers, media_type="text/event-stream")
-        return await self._whole(response, call, headers)
+        return response
+
+    async def _unless_client_leaves(self, request: Request, call: Call, work):
+        """Run ``work()``, cancelling it (and so closing the upstream connection) if the
+        client disconnects first: an abandoned request stops costing upstream time."""
+        outcome: dict = {}
+        async with anyio.create_task_group() as group:
+            async def run():
+                try:
+                    outcome["value"] = await work()
+                except Exception as e:      # raised below, outside the task group
+                    outcome["error"] = e
+                group.cancel_scope.cancel()
+
+            async def watch():
+                while (await request.receive())["type"] != "http.disconnect":
+                    pass
+                outcome["gone"] = True
+                group.cancel_scope.cancel()
+            group.start_soon(run)
+            group.start_soon(watch)
+        if "error" in outcome:
+            raise outcome["error"]
+        if "value" in outcome:
+            return outcome["value"]
+        with anyio.CancelScope(shield=True):
+            await self.finish(call, 499)
+        return Response(status_code=499)
 
     async def _whole(self, response, call: Call, headers: dict) -> Response:
         import httpx
@@ -260,7 +298,8 @@ class Gateway:
             raise GatewayError(502, f"upstream {call.upstream.name} broke off its answer ({e})",
                                "upstream_failed", headers)
         finally:
-            await response.aclose()
+            with anyio.CancelScope(shield=True):
+                await response.aclose()
         usage = None
         if response.status_code < 400:
             try:
