@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from options.plan import BadInput
+from options.core import BadInput
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -282,7 +282,8 @@ def cmd_breakeven(args):
 def fleet_inputs(args, need_capacity: bool = True):
     """(table, price, traffic, fleets, assumptions) for compare and recommend."""
     from cost.breakeven import check_discount, parse_mix
-    from cost.fleet import build_fleets, eks_fixed_hourly, make_traffic
+    from cost.fleet import build_fleets, make_traffic
+    from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
 
     if not args.model or not args.instance:
         raise BadInput("give --model (the Bedrock model to compare against) and --instance (the instance a "
@@ -299,8 +300,9 @@ def fleet_inputs(args, need_capacity: bool = True):
         raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
                        "(from `python -m options.bench --json FILE`)")
     eks_fee = "control_plane_extended_support" if args.eks_extended_support else "control_plane"
-    fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount, eks_fee)
     eks = eks_fixed_hourly(table, eks_fee)
+    fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount,
+                          eks_fixed_hourly=eks["hourly"])
     assumptions = [
         f"Bedrock {price.model_id} ({args.tier}), prices as of {price.as_of}; {price.source}",
         f"traffic: {traffic.avg_tokens_per_second:,.1f} tok/s average, {traffic.peak_tokens_per_second:,.1f} peak, "

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cost.breakeven import Capacity
-from options.plan import BadInput
+from options.core import BadInput
 
 BENCH_SCHEMA = "spectrum.bench/1"
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cost.prices import HOURS_PER_MONTH
-from options.plan import BadInput
+from options.core import BadInput
 
 SECONDS_PER_HOUR = 3600
 # Input:output token ratios of common workloads.

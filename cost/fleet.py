@@ -15,8 +15,7 @@ from typing import Any
 from cost.breakeven import (SECONDS_PER_HOUR, Capacity, Mix, blended_price,
                             check_range, total_from_output)
 from cost.prices import HOURS_PER_MONTH, InstanceType, PriceTable, TokenPrice
-from options.plan import BadInput
-from options.spectrum import RUNGS
+from options.core import RUNGS, BadInput
 
 SAGEMAKER_LEVELS = (2, 3, 4, 5)
 EKS_LEVEL = 6
@@ -163,23 +162,13 @@ def fleet_cost(fleet: Fleet, traffic: Traffic) -> RungCost:
                     fleet.to_json(traffic))
 
 
-def eks_fixed_hourly(table: PriceTable, eks_fee: str = "control_plane") -> dict[str, Any]:
-    """What an EKS cluster costs per hour whatever its GPU count: the control plane and the
-    system node group that ``infra/eks`` creates."""
-    from infra.eks.cluster import SYSTEM_NODES, system_instance_type
-
-    system = table.instance(system_instance_type())
-    control_plane = table.eks_fee(eks_fee).hourly
-    system_hourly = SYSTEM_NODES * system.ec2_hourly
-    return {"control_plane_hourly": control_plane, "system_nodes": f"{SYSTEM_NODES} x {system.name}",
-            "system_nodes_hourly": round(system_hourly, 6),
-            "hourly": round(control_plane + system_hourly, 6)}
-
-
 def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int, Capacity],
-                 default_capacity: Capacity, min_replicas: int, discount_pct: float,
-                 eks_fee: str = "control_plane") -> list[Fleet]:
-    """One Fleet per self-hosted rung: SageMaker prices for 2-5, EC2 plus EKS for 6."""
+                 default_capacity: Capacity, min_replicas: int, discount_pct: float, *,
+                 eks_fixed_hourly: float) -> list[Fleet]:
+    """One Fleet per self-hosted rung: SageMaker prices for 2-5, EC2 plus EKS for 6.
+
+    ``eks_fixed_hourly`` is what rung 6's cluster costs per hour whatever its GPU count (the
+    control plane and the system nodes: ``infra.eks.cluster.fixed_hourly``)."""
     from cost.breakeven import apply_discount
 
     check_range("min replicas", min_replicas, 1, 10000)
@@ -189,7 +178,7 @@ def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int
         listed = instance.sagemaker_hourly if platform == "sagemaker" else instance.ec2_hourly
         if listed is None:  # not offered there, or not in the table: that rung is left out, not guessed
             continue
-        fixed = eks_fixed_hourly(table, eks_fee)["hourly"] * HOURS_PER_MONTH if level == EKS_LEVEL else 0.0
+        fixed = eks_fixed_hourly * HOURS_PER_MONTH if level == EKS_LEVEL else 0.0
         fleets.append(Fleet(level, instance, platform, apply_discount(listed, discount_pct),
                             capacities.get(level, default_capacity), int(min_replicas), fixed))
     if not fleets:

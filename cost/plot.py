@@ -9,7 +9,7 @@ from pathlib import Path
 from cost.breakeven import tokens
 from cost.fleet import Fleet, Traffic, bedrock_cost
 from cost.prices import TokenPrice
-from options.plan import BadInput
+from options.core import BadInput
 
 # Colours per rung group, readable on white: Bedrock blue, EKS green, SageMaker groups in warm tones
 # (one per distinct capacity when benches per level differ).

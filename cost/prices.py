@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable
 
-from options.plan import BadInput
+from options.core import BadInput
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 DATA_FILE_PATTERN = re.compile(r"^prices-(\d{4}-\d{2}-\d{2})\.json$")

@@ -14,8 +14,8 @@ from typing import Any
 from cost.breakeven import tokens
 from cost.fleet import DAYS_PER_MONTH, Fleet, Traffic, bedrock_cost, compare
 from cost.prices import TokenPrice
-from options.plan import BadInput
-from options.spectrum import RUNGS
+from options.core import BadInput
+from options.core import RUNGS
 
 # (flag dest, lowest rung that satisfies it, why, in plain words)
 REQUIREMENTS: tuple[tuple[str, int, str], ...] = (

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from cost.prices import DATA_DIR, PriceTable, dump_prices
-from options.plan import BadInput
+from options.core import BadInput
 
 PRICING_ENDPOINT_REGION = "us-east-1"   # the Price List API answers from us-east-1 for every region
 REGION_CODE = re.compile(r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d{1,2}")

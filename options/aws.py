@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from options.local_server import free_port
-from options.plan import BadInput
+from options.core import BadInput
 
 TARGET_KINDS = ("local", "emulator", "aws")
 DEFAULT_REGION = "us-east-1"

@@ -18,7 +18,7 @@ from dataclasses import astuple, dataclass, field
 from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
-from options.plan import BadInput
+from options.core import BadInput
 
 # Finish reasons, normalised: "stop" (end of sequence or a stop string), "length" (max_tokens).
 # Anything else a server says is passed through unchanged.

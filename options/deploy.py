@@ -8,7 +8,8 @@
 
 Flags every rung shares are defined here; each rung adds its own (``add_arguments``), and the
 CLI runs the same verbs for every rung (options.spectrum.RungModule). Exit codes: 0 ok,
-2 bad input, 1 failure. Only the standard library and options.plan/spectrum load at start-up.
+2 bad input, 1 failure. What the CLI prints lives in options.output, the local target in
+options.local_target; heavy modules load only when a command needs them.
 """
 from __future__ import annotations
 
@@ -19,11 +20,12 @@ import sys
 import time
 from typing import Any
 
-from options.plan import BadInput, Plan, mask_secrets
-from options.sagemaker import main_param, progress_to_stderr
+from options.core import BadInput, mask_secrets
+from options.local_target import DEFAULT_PROMPT, sample_request
+from options.output import Console, emit, format_answer, print_plan
+from options.plan import Plan
+from options.sagemaker import progress_to_stderr
 from options.spectrum import RUNGS, UnknownLevel, rung, rung_module
-
-DEFAULT_PROMPT = "Explain in one sentence what a GPU does."
 EXAMPLES = """examples:
   python -m options.deploy --level 3                          serve the tiny model locally, one sample
   python -m options.deploy --level 3 --plan                   what --target aws would send (nothing sent)
@@ -34,17 +36,6 @@ EXAMPLES = """examples:
   python -m options.deploy --level 3 --target aws --status    is it there, is it InService
   python -m options.deploy --level 3 --target aws --down      remove endpoint, config, model, autoscaling
 """
-
-
-class _Console:
-    """Human output goes to stdout, or to stderr when --json owns stdout."""
-
-    def __init__(self, json_mode: bool):
-        self.json_mode = json_mode
-        self.stream = sys.stderr if json_mode else sys.stdout
-
-    def __call__(self, text: str = "") -> None:
-        print(text, file=self.stream, flush=True)
 
 
 # ----------------------------------------------------------------------------------- arguments
@@ -134,197 +125,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return build_parser(known.level).parse_args(argv)
 
 
-# ----------------------------------------------------------------------------------- output
-
-def print_plan(plan: Plan, say: _Console, rung_name: str) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    console = Console(file=say.stream, highlight=False,
-                      width=None if say.stream.isatty() else 120)  # pipes: no wrapping at 80
-    console.print(f"[bold]Level {plan.level} — {rung_name}[/bold]: what --target aws would send "
-                  f"(nothing is sent)")
-    table = Table()
-    for col in ("#", "request", "resource"):
-        table.add_column(col)
-    uploads = [s for s in plan.steps if s.operation == "PutObject"]
-    for i, step in enumerate(plan.steps, 1):
-        if step.operation == "PutObject" and len(uploads) > 3 and step is not uploads[0]:
-            continue  # one row stands for a folder's uploads
-        resource = main_param(step) or _summary(step.params)
-        if step.operation == "PutObject" and len(uploads) > 3:
-            resource = f"{len(uploads)} files to s3://{step.params['Bucket']}/{step.params['Key'].rsplit('/', 1)[0]}/"
-        table.add_row(str(i), f"{step.service}.{step.operation}", resource)
-    console.print(table)
-    for step in plan.steps:
-        if step.operation == "CreateModel":
-            container = mask_secrets(step.params["PrimaryContainer"])
-            console.print(f"image: {container['Image']}")
-            env = container.get("Environment") or {}
-            if env:
-                console.print("environment:")
-                for k, v in env.items():
-                    console.print(f"  {k}={v}")
-            if "ModelDataSource" in container or "ModelDataUrl" in container:
-                console.print(f"artifacts: {container.get('ModelDataUrl') or container['ModelDataSource']['S3DataSource']['S3Uri']}")
-        if step.operation == "CreateEndpointConfig":
-            v = step.params["ProductionVariants"][0]
-            timeout = v.get("ContainerStartupHealthCheckTimeoutInSeconds")
-            console.print(f"instances: {v['InitialInstanceCount']} × {v['InstanceType']}"
-                          + (f"; start-up health check timeout {timeout} s" if timeout else ""))
-    if plan.extra.get("serving_properties"):
-        console.print("equivalent serving.properties:")
-        for line in mask_secrets_text(plan.extra["serving_properties"]).splitlines():
-            console.print(f"  {line}")
-    if plan.cost:
-        c = plan.cost
-        console.print(f"cost: ${c.get('hourly_usd', 0):,.3f}/hour, ${c.get('monthly_usd', 0):,.0f}/month "
-                      f"({c.get('count', 1)} × {c.get('instance_type')}, {c.get('platform')}; "
-                      f"prices as of {c.get('price_as_of')})" if "hourly_usd" in c else f"cost: {c}")
-    for note in plan.notes:
-        console.print(f"note: {note}")
-    console.print("(--plan --json prints every request in full)")
-
-
-def mask_secrets_text(text: str) -> str:
-    from options.plan import MASK, is_secret_name
-
-    out = []
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        out.append(f"{key}={MASK}" if sep and is_secret_name(key) and value else line)
-    return "\n".join(out) + ("\n" if text.endswith("\n") else "")
-
-
-def _summary(params: dict[str, Any]) -> str:
-    text = json.dumps(mask_secrets(params), default=str)
-    return text if len(text) < 90 else text[:87] + "..."
-
-
-def emit(data: Any, say: _Console, title: str) -> None:
-    if say.json_mode:
-        print(json.dumps(mask_secrets(data), indent=2, default=str))
-        return
-    say(title)
-    for key, value in (data.items() if isinstance(data, dict) else enumerate(data)):
-        say(f"  {key}: {value}" if isinstance(data, dict) else f"  {value}")
-
-
-def _format_answer(result, say: _Console, where: str) -> dict[str, Any]:
-    t = result.timings
-    ttft = f"{t.ttft_s * 1000:.0f} ms" if t.ttft_s is not None else "n/a (not streamed)"
-    e2e = f"{t.e2e_s * 1000:.0f} ms" if t.e2e_s is not None else "n/a"
-    say(f"answer ({where}): {result.text!r}")
-    say(f"  TTFT {ttft} · end to end {e2e} · {result.usage.output_tokens or '?'} output tokens"
-        f" · finish: {result.finish_reason}")
-    return {"text": result.text, "finish_reason": result.finish_reason,
-            "usage": result.usage.to_json(), "timings": t.to_json()}
-
-
-def sample_request(args):
-    from options.contract import Request
-
-    return Request(prompt=args.invoke or DEFAULT_PROMPT, max_tokens=args.max_tokens,
-                   temperature=args.temperature, stream=args.stream)
-
-
-def print_local_only(plan: Plan, args: argparse.Namespace, why: str) -> int:
-    """Levels that can't serve on this machine: show their plan and cost, and say so."""
-    say = _Console(args.json)
-    if args.json:
-        print(json.dumps({**plan.to_json(), "runs_locally": False, "why": why}, indent=2, default=str))
-        return 0
-    say(f"Level {plan.level} needs the cloud: {why}")
-    say("Here is what --target aws would create, and what it costs:")
-    print_plan(plan, say, rung(plan.level).name)
-    return 0
-
-
-# ----------------------------------------------------------------------------------- local serving
-
-def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, dialect: str,
-                  what: str, source) -> int:
-    """Start the bring-your-own server with ``env``, send one sample, then serve until Ctrl-C."""
-    from options.contract import Request, collect, invoke_http
-    from options.local_server import LocalServer
-
-    say = _Console(args.json)
-    say(f"Level {level} — {rung(level).name}, on this machine: {what}")
-    if source.tiny:
-        say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "
-            "(engine, batching, streaming), not answer quality. Use --model for a real one.")
-    else:
-        say(f"model: {source.label}")
-    log_dir = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
-    os.makedirs(log_dir, exist_ok=True)
-    log_path = os.path.join(log_dir, f"deploy-level{level}-{int(time.time())}.log")
-    summary: dict[str, Any] = {"level": level, "target": "local", "model": source.label}
-    server = LocalServer(env, port=args.port, log_path=log_path)
-    try:
-        server.start()
-        say(f"starting the server on {server.url} (log: {log_path})")
-        last = {"state": None, "t": -10.0}
-
-        def progress(elapsed: float, state: str) -> None:
-            if state != last["state"] or elapsed - last["t"] >= 10:
-                say(f"  waiting for /ping: {state} ({elapsed:.0f} s)")
-                last.update(state=state, t=elapsed)
-        started = time.monotonic()
-        server.wait_ready(600, on_progress=progress)
-        summary["ready_s"] = round(time.monotonic() - started, 1)
-        say(f"ready after {summary['ready_s']} s: GET {server.url}/ping → 200")
-
-        request = sample_request(args)
-        # Streaming measures TTFT; random weights often stop at once, so the tiny model's sample
-        # ignores end-of-sequence and generates --max-tokens, exercising batching and streaming.
-        streamed = Request(**{**request.__dict__, "stream": True, "ignore_eos": source.tiny})
-        say(f"sample request ({dialect} dialect, POST /invocations): {request.prompt!r}")
-        t0 = time.perf_counter()
-        events = []
-        for event in invoke_http(server.url, streamed, dialect, path="/invocations"):
-            events.append(event)
-            if args.stream and event.kind == "text" and not args.json:
-                print(event.text, end="", flush=True)
-        if args.stream and not args.json:
-            print()
-        summary["answer"] = _format_answer(collect(events, t0), say, "random weights" if source.tiny
-                                           else source.label)
-        if args.once:
-            summary["stopped"] = "after the sample (--once)"
-        else:
-            say(f"serving on {server.url}: POST /invocations (also /v1/completions and "
-                f"/v1/chat/completions); Ctrl-C to stop")
-            say(f"  try: curl -s {server.url}/invocations -H 'Content-Type: application/json' "
-                f"-d '{{\"inputs\": \"Hello\", \"parameters\": {{\"max_new_tokens\": 32}}}}'")
-            try:
-                while server.process.poll() is None:
-                    time.sleep(1)
-                raise RuntimeError(f"the server exited with code {server.process.returncode}")
-            except KeyboardInterrupt:
-                say("\nstopping (Ctrl-C)")
-    except Exception as exc:
-        say(f"error: the local server failed: {exc}")
-        if "server log" not in str(exc):
-            _print_log_tail(log_path, say)
-        return 1
-    finally:
-        server.stop()
-    if args.json:
-        print(json.dumps(summary, indent=2, default=str))
-    return 0
-
-
-def _print_log_tail(path: str, say: _Console, lines: int = 30) -> None:
-    try:
-        with open(path, errors="replace") as f:
-            tail = f.readlines()[-lines:]
-    except OSError:
-        return
-    say(f"last lines of {path}:")
-    for line in tail:
-        say("  " + line.rstrip())
-
-
 # ----------------------------------------------------------------------------------- cloud targets
 
 def _target(args, endpoint_url: str | None = None):
@@ -341,7 +141,7 @@ def _target(args, endpoint_url: str | None = None):
     return Target(kind, region_of(args), url)
 
 
-def run_cloud(module, spec, args, say: _Console, target) -> dict[str, Any]:
+def run_cloud(module, spec, args, say: Console, target) -> dict[str, Any]:
     """apply → InService → one invocation (→ teardown when the emulator ends with the command)."""
     summary: dict[str, Any] = {"level": args.level, "target": target.kind, "region": target.region}
     plan = module.plan(spec)
@@ -366,7 +166,7 @@ def run_cloud(module, spec, args, say: _Console, target) -> dict[str, Any]:
             result = collect(list(result), t0)
         where = "the emulator replays a canned body: no model runs there" if target.kind == "emulator" \
             else summary["endpoint"]
-        summary["answer"] = _format_answer(result, say, where)
+        summary["answer"] = format_answer(result, say, where)
     summary["status"] = module.status(spec, target)
     say(f"status: {summary['status'].get('status')}")
     if plan.cost and "hourly_usd" in plan.cost:
@@ -386,7 +186,7 @@ def _queue_emulator_answer(target, deployment, request) -> None:
     queue_emulator_result(target.endpoint_url, target.region, json.dumps(dialect.result_to_wire(canned)))
 
 
-def _print_next_steps(args, summary: dict, plan: Plan, say: _Console) -> None:
+def _print_next_steps(args, summary: dict, plan: Plan, say: Console) -> None:
     name = summary["endpoint"]
     base = f"python -m options.deploy --level {args.level} --target aws --name {name} --region {args.region or summary['region']}"
     say(f"endpoint: {name} (region {summary['region']})")
@@ -402,13 +202,13 @@ def _print_next_steps(args, summary: dict, plan: Plan, say: _Console) -> None:
         say(f"remove:   {base} --down     (it bills by the hour until you do)")
 
 
-def _finish(summary: dict, say: _Console) -> int:
+def _finish(summary: dict, say: Console) -> int:
     if say.json_mode:
         print(json.dumps(mask_secrets(summary), indent=2, default=str))
     return 0
 
 
-def run_emulator(module, spec, args, say: _Console) -> int:
+def run_emulator(module, spec, args, say: Console) -> int:
     from options.aws import emulator, emulator_reachable
 
     if args.endpoint_url:
@@ -433,7 +233,7 @@ def run_emulator(module, spec, args, say: _Console) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
-    say = _Console(json_mode)
+    say = Console(json_mode)
     progress_to_stderr(json_mode)
     try:
         args = parse_args(argv)

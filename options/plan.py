@@ -5,13 +5,11 @@ unmasked: ``Plan.to_json`` masks them, and so does anything that prints requests
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
-
-class BadInput(ValueError):
-    """Input the user can fix: the CLI prints the message and exits 2 (no traceback)."""
+# Bad input and masking live in the core; importable from here too, where rungs meet them.
+from options.core import MASK, BadInput, is_secret_name, mask_secrets  # noqa: F401
 
 
 @dataclass
@@ -46,33 +44,3 @@ class Plan:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
-
-
-# Names whose values are secrets wherever they appear (env maps, headers, parameters).
-_SECRET_NAME = re.compile(r"(TOKEN(?!S|IZE|_ID)|SECRET|PASSWORD|PASSWD|API[_-]?KEY|ACCESS[_-]?KEY|CREDENTIAL|PRIVATE_KEY)",
-                          re.IGNORECASE)
-# Names that point at a secret rather than hold one (Kubernetes `secretKeyRef`, `secretName`,
-# an ARN in Secrets Manager): their values are safe to show.
-_REFERENCE_NAME = re.compile(r"(Ref|Name|Arn|_ARN)$")
-MASK = "****"
-
-
-def is_secret_name(name: str) -> bool:
-    return bool(_SECRET_NAME.search(name)) and not _REFERENCE_NAME.search(name)
-
-
-def mask_value(value: Any) -> str:
-    return MASK
-
-
-def mask_secrets(obj: Any) -> Any:
-    """A copy of ``obj`` with the values of secret-named keys replaced by ``****``."""
-    if isinstance(obj, dict):
-        return {k: (mask_value(v) if isinstance(k, str) and is_secret_name(k) and v not in (None, "")
-                    else mask_secrets(v))
-                for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [mask_secrets(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(mask_secrets(v) for v in obj)
-    return obj

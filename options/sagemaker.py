@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from options.plan import BadInput, Plan, Step
+from options.core import BadInput
+from options.plan import Plan, Step
 
 VARIANT = "AllTraffic"
 ACCOUNT_PLACEHOLDER = "<account-id>"

@@ -8,7 +8,7 @@ import pytest
 from options import contract
 from options.contract import (Request, Result, StreamDecoder, StreamEvent, Timings, Usage,
                               collect, detect_dialect, dialect, events_from_bytes, sse_stream)
-from options.plan import BadInput
+from options.core import BadInput
 
 REQUESTS = {
     "prompt": Request(prompt="Say hi", max_tokens=16, temperature=0.5, top_p=0.9, stop=["\n"],

@@ -1,5 +1,6 @@
 """Plans are data; secrets never leave them unmasked, references to secrets stay readable."""
-from options.plan import MASK, Plan, Step, mask_secrets
+from options.core import MASK, mask_secrets
+from options.plan import Plan, Step
 
 
 def test_secret_values_are_masked_wherever_they_sit():

@@ -19,6 +19,17 @@ def system_instance_type() -> str:
     return pinned("system_instance_type")
 
 
+def fixed_hourly(table, eks_fee: str = "control_plane") -> dict[str, Any]:
+    """What the cluster costs per hour whatever its GPU count: the control plane and the system
+    node group, priced from ``table`` (a ``cost.prices.PriceTable``)."""
+    system = table.instance(system_instance_type())
+    control_plane = table.eks_fee(eks_fee).hourly
+    system_hourly = SYSTEM_NODES * system.ec2_hourly
+    return {"control_plane_hourly": control_plane, "system_nodes": f"{SYSTEM_NODES} x {system.name}",
+            "system_nodes_hourly": round(system_hourly, 6),
+            "hourly": round(control_plane + system_hourly, 6)}
+
+
 def cluster_config(r: ResolvedSpec) -> dict[str, Any]:
     pool_key, pool_value = r.pool_label
     system_group = {

@@ -17,7 +17,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from options.plan import BadInput, is_secret_name
+from options.core import BadInput, is_secret_name
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 

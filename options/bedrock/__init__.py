@@ -12,7 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Iterator
 
 from options.contract import BedrockConverse, Request, Result, StreamEvent
-from options.plan import BadInput, Plan, Step
+from options.core import BadInput
+from options.plan import Plan, Step
 
 LEVEL = 1
 DEFAULT_MODEL = "amazon.nova-micro-v1:0"

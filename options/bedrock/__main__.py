@@ -5,7 +5,7 @@ import argparse
 import json
 import sys
 
-from options.plan import BadInput
+from options.core import BadInput
 
 
 def main(argv: list[str] | None = None) -> int:

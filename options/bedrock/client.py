@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from options.contract import BedrockConverse, Request, Result, StreamEvent, StreamError, Usage
-from options.plan import BadInput
+from options.core import BadInput
 
 # Cross-region inference profile prefix -> the region prefixes it can be called from.
 PROFILE_GEOGRAPHIES = {

@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Any, Iterator
 
-from options.plan import BadInput
+from options.core import BadInput
 
 EXAMPLES = __doc__.split("\n\n")[1]
 TARGETS = ("local", "emulator", "aws")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from options.plan import BadInput
+from options.core import BadInput
 
 # Short common words: one token each for most tokenizers, so a prompt of N words is about N
 # tokens. The exact count is the server's (usage.prompt_tokens), never this estimate.

@@ -7,7 +7,7 @@ from typing import Any
 
 from options.bench.metrics import STATS, Summary
 from options.bench.profile import Profile
-from options.plan import BadInput
+from options.core import BadInput
 
 SCHEMA = "spectrum.bench/1"
 

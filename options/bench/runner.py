@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 from options.bench.metrics import RequestRecord
 from options.bench.profile import CALIBRATION_WORDS, Profile, PromptTokens, make_prompt
 from options.contract import InvokeError, Request, StreamError, StreamEvent, collect
-from options.plan import BadInput
+from options.core import BadInput
 
 Send = Callable[[Request], Iterator[StreamEvent]]
 # Threads beyond this would measure the client, not the server.

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from options import sagemaker as sm
-from options.plan import BadInput, Plan, Step, mask_secrets
+from options.core import BadInput, mask_secrets
+from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -130,7 +131,7 @@ def plan(spec: ByoImageSpec) -> Plan:
 
 
 def run_local(spec: ByoImageSpec, args: argparse.Namespace) -> int:
-    from options.deploy import serve_locally
+    from options.local_target import serve_locally
 
     env = dict(spec.env)
     if spec.source.hub_id:

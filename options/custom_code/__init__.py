@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from options import sagemaker as sm
-from options.plan import Plan, Step, is_secret_name
+from options.core import is_secret_name
+from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -73,7 +74,7 @@ def spec_from_args(args: argparse.Namespace) -> CustomCodeSpec:
     # The weights travel inside model.tar.gz: the model is a local folder (default: the tiny one).
     source = sm.model_source(args.model, cloud=False)
     if source.hub_id:
-        from options.plan import BadInput
+        from options.core import BadInput
         raise BadInput(f"--model {source.hub_id!r}: level 4 packages the weights with the handler, "
                        f"so it needs a local folder (config.json + weights); download the model "
                        f"first, or use level 3 for a hub id")
@@ -117,7 +118,7 @@ def plan(spec: CustomCodeSpec) -> Plan:
 
 
 def run_local(spec: CustomCodeSpec, args: argparse.Namespace) -> int:
-    from options.deploy import serve_locally
+    from options.local_target import serve_locally
 
     work = package_dir()
     work.mkdir(parents=True, exist_ok=True)

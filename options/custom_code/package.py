@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from options.plan import BadInput, is_secret_name
+from options.core import BadInput, is_secret_name
 
 HANDLER_FILE = "model.py"
 SERVING_PROPERTIES = "serving.properties"

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from options.plan import BadInput, Plan, Step
+from options.core import BadInput
+from options.plan import Plan, Step
 
 LEVEL = 6
 DEFAULT_OUT = "out"
@@ -144,7 +145,7 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
 
 def _cost(rendered) -> dict[str, Any]:
     from cost import hourly_cost_line, load_prices
-    from cost.fleet import eks_fixed_hourly
+    from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
 
     r = rendered.resolved
     table = load_prices()

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from options import sagemaker as sm
-from options.plan import BadInput, Plan
+from options.core import BadInput
+from options.plan import Plan
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -161,7 +162,7 @@ def plan(spec: JumpStartSpec) -> Plan:
 
 def run_local(spec: JumpStartSpec, args: argparse.Namespace) -> int:
     """JumpStart runs AWS's image on AWS's GPUs: locally there is only the plan to show."""
-    from options.deploy import print_local_only
+    from options.local_target import print_local_only
 
     return print_local_only(plan(spec), args,
                             "JumpStart serves AWS's own image and artifacts on SageMaker; nothing of it "

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from options import sagemaker as sm
-from options.plan import BadInput, Plan, mask_secrets
+from options.core import BadInput, mask_secrets
+from options.plan import Plan
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
 from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
@@ -135,7 +136,7 @@ def plan(spec: LmiSpec) -> Plan:
 
 
 def run_local(spec: LmiSpec, args: argparse.Namespace) -> int:
-    from options.deploy import serve_locally
+    from options.local_target import serve_locally
     from options.lmi.config import LmiConfig
 
     folder = spec.source.local_folder() if spec.source.hub_id is None else None

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from options.plan import BadInput
+from options.core import BadInput
 
 # The djl-lmi version Spectrum plans with; --lmi-version overrides it. The tag comes from the
 # SageMaker SDK's bundled image table, so it changes only with that table.

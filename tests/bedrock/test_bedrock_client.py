@@ -17,7 +17,7 @@ from options.aws import Target
 from options.bedrock.catalogue import list_models
 from options.bedrock.client import BedrockBadRequest, BedrockClient, BedrockError, retry_config
 from options.contract import Request, Usage, collect
-from options.plan import BadInput
+from options.core import BadInput
 
 MODEL = "amazon.nova-micro-v1:0"
 

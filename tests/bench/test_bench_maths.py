@@ -10,7 +10,7 @@ import pytest
 from options.bench.metrics import RequestRecord, percentile, summarize
 from options.bench.profile import Profile, PromptTokens, parse_lengths
 from options.bench.report import bench_json
-from options.plan import BadInput
+from options.core import BadInput
 
 
 def _record(ttft, itls, out, inp=10):

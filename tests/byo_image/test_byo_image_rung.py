@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from options.byo_image import BUILD_CONTEXT, REPOSITORY, build_and_push_steps, server_env
-from options.plan import BadInput
+from options.core import BadInput
 
 
 def test_options_become_the_servers_env():

@@ -6,11 +6,9 @@ import sys
 
 import pytest
 
+from byo_vllm.config import ConfigError, settings_from_env
+from byo_vllm.engine_args import build_engine_args
 from options.local_server import SERVE_SCRIPT
-
-sys.path.insert(0, str(SERVE_SCRIPT.parent))
-from byo_vllm.config import ConfigError, settings_from_env  # noqa: E402
-from byo_vllm.engine_args import build_engine_args  # noqa: E402
 
 
 @pytest.fixture

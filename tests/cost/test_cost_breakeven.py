@@ -10,7 +10,7 @@ import pytest
 
 from cost.breakeven import (MIX_PRESETS, blended_price, parity_tokens_per_second, parse_mix,
                             self_hosted_per_million)
-from options.plan import BadInput
+from options.core import BadInput
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = "qwen.qwen3-32b-v1:0"

@@ -12,7 +12,8 @@ import pytest
 from cost.breakeven import Capacity, parse_mix
 from cost.fleet import DAYS_PER_MONTH, build_fleets, compare, make_traffic
 from cost.prices import load_prices
-from options.plan import BadInput
+from infra.eks.cluster import fixed_hourly
+from options.core import BadInput
 
 REPO = Path(__file__).resolve().parents[2]
 QWEN = "qwen.qwen3-32b-v1:0"
@@ -64,7 +65,8 @@ def test_replicas_are_max_of_floor_and_peak_over_capacity():
     table = load_prices()
     mix = parse_mix("3:1")
     traffic, _ = make_traffic(mix, avg=2000, peak=9000)
-    fleets = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(500, "--capacity"), 2, 0.0)
+    fleets = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(500, "--capacity"), 2, 0.0,
+                          eks_fixed_hourly=fixed_hourly(table)["hourly"])
     # 500 output tok/s = 2,000 tok/s at 3:1 -> ceil(9000 / 2000) = 5 replicas at peak.
     assert [f.replicas(traffic) for f in fleets] == [5] * 5
     low, _ = make_traffic(mix, avg=100, peak=100)
@@ -76,7 +78,8 @@ def test_replicas_are_max_of_floor_and_peak_over_capacity():
 def test_every_rung_priced_with_the_right_meter():
     table = load_prices()
     traffic, _ = make_traffic(parse_mix("chat"), avg=1000, peak=3000, hours_per_day=12)
-    fleets = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(400, "--capacity"), 1, 0.0)
+    fleets = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(400, "--capacity"), 1, 0.0,
+                          eks_fixed_hourly=fixed_hourly(table)["hourly"])
     data = compare(traffic, table.bedrock(QWEN), fleets)
     rungs = {r["level"]: r for r in data["rungs"]}
     assert sorted(rungs) == [1, 2, 3, 4, 5, 6]
@@ -98,14 +101,16 @@ def test_every_rung_priced_with_the_right_meter():
 def test_breakeven_volume_is_where_the_costs_cross():
     table = load_prices()
     traffic, _ = make_traffic(parse_mix("3:1"), avg=5000, peak=10000)
-    fleet = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(1500, "--capacity"), 1, 0.0)[0]
+    fleet = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(1500, "--capacity"), 1, 0.0,
+                          eks_fixed_hourly=fixed_hourly(table)["hourly"])[0]
     price = 0.2625
     volume = fleet.breakeven_tokens_per_month(traffic, price)
     at = traffic.scaled_to(volume)
     assert fleet.monthly(at) == pytest.approx(volume * price / 1e6, rel=1e-9)
     below = traffic.scaled_to(volume * 0.99)
     assert fleet.monthly(below) > volume * 0.99 * price / 1e6
-    slow = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(100, "--capacity"), 1, 0.0)[0]
+    slow = build_fleets(table, table.instance("g6e.xlarge"), {}, Capacity(100, "--capacity"), 1, 0.0,
+                          eks_fixed_hourly=fixed_hourly(table)["hourly"])[0]
     assert slow.breakeven_tokens_per_month(traffic, price) is None
 
 

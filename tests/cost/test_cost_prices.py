@@ -7,7 +7,7 @@ import pytest
 
 import cost
 from cost.prices import HOURS_PER_MONTH, DATA_DIR, UnknownName, data_files, load_prices
-from options.plan import BadInput
+from options.core import BadInput
 
 # Reference prices, us-east-1 on-demand (instances: AWS Price List snapshots in public cost tools
 # (truffle, cultivar, FMBench); Bedrock: litellm model_prices_and_context_window.json v1.110.2):

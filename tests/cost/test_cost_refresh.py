@@ -250,6 +250,6 @@ def test_a_region_without_prices_writes_nothing(pricing, small_table):
 
 @pytest.mark.parametrize("region", ["moon-1", "US-EAST-1", "us-east"])
 def test_a_malformed_region_is_bad_input(small_table, region):
-    from options.plan import BadInput
+    from options.core import BadInput
     with pytest.raises(BadInput, match="not an AWS region code"):
         refresh(None, small_table, region=region, today=TODAY)

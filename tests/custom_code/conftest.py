@@ -9,13 +9,10 @@ from types import ModuleType
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-SERVER_SOURCE = REPO / "containers" / "byo-vllm"
 HANDLER = REPO / "options" / "custom_code" / "model.py"
 
-# The handler falls back to the stand-in the server ships (byo_vllm.djl_standin).
-if str(SERVER_SOURCE) not in sys.path:
-    sys.path.insert(0, str(SERVER_SOURCE))
-
+# The handler falls back to the stand-in the server ships (byo_vllm.djl_standin), installed
+# with the project.
 
 def load_handler_module(name: str) -> ModuleType:
     """A fresh copy of model.py, as DJL imports it: a file, not a package module."""

@@ -9,7 +9,7 @@ import pytest
 
 from options.custom_code.package import (build_model_tarball, handler_path, prepare_model_dir,
                                          serving_properties)
-from options.plan import BadInput
+from options.core import BadInput
 
 
 def parse(text: str) -> dict[str, str]:

@@ -198,7 +198,7 @@ def test_aws_path_preflight_and_kubeconfig_guard(moto_url, tmp_path, monkeypatch
     existing cluster is reused, and a kubeconfig pointing elsewhere is refused by name."""
     import options.eks as level6
     from options.aws import Target
-    from options.plan import BadInput
+    from options.core import BadInput
 
     monkeypatch.setenv("PATH", str(tmp_path))            # neither helm nor eksctl here
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")    # moto's; never real ones

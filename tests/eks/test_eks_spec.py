@@ -5,7 +5,7 @@ import pytest
 
 from infra.eks.render import render
 from infra.eks.spec import EksSpec, resolve
-from options.plan import BadInput
+from options.core import BadInput
 IMAGE = "123456789012.dkr.ecr.us-east-1.amazonaws.com/spectrum-byo-vllm:0.1.0"
 
 

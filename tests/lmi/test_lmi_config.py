@@ -8,7 +8,7 @@ import pytest
 from cost.prices import load_prices
 from options.lmi.config import (DEFAULT_LMI_VERSION, LmiConfig, ModelShape, check_fit, estimate_parameters,
                                 fit, image_uri, model_shape, parse_options, startup_timeout_s)
-from options.plan import BadInput
+from options.core import BadInput
 
 PRICES = load_prices()
 

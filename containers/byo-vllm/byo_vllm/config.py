@@ -21,22 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
+# The image carries this package and the project's core (options.core), nothing else.
+from options.core import MASK, is_secret_name
+
 SAGEMAKER_MODEL_DIR = Path("/opt/ml/model")
 DEFAULT_PORT = 8080
 # SageMaker's real-time payload limit.
 MAX_BODY_BYTES = 6 * 1024 * 1024
 # gunicorn halts the whole server when its worker exits with this code.
 WORKER_BOOT_ERROR = 3
-
-
-try:        # one home for what counts as a secret; the image carries only this package
-    from options.plan import MASK, is_secret_name
-except ImportError:
-    import re as _re
-    MASK = "****"
-
-    def is_secret_name(name: str) -> bool:
-        return bool(_re.search(r"TOKEN|SECRET|PASSWORD|API_?KEY|CREDENTIAL", name, _re.I))
 
 
 class ConfigError(ValueError):

@@ -1,0 +1,17 @@
+"""What every layer of Spectrum shares, and nothing else: bad input, secret masking, the rungs
+as data and the names of the wire dialects.
+
+It imports nothing of the project (``tests/import_graph.py`` checks it), so the CLIs, the rungs,
+``cost/``, ``infra/`` and the images under ``containers/`` can all import it, and an image
+carries it without carrying the rest (``options/__init__.py`` imports nothing).
+"""
+from options.core.errors import BadInput
+from options.core.masking import MASK, is_secret_name, mask_secrets, mask_secrets_text
+from options.core.rungs import LEVELS, RUNGS, Capabilities, Rung, UnknownLevel, rung
+from options.core.wire import (BEDROCK, DIALECTS, OPENAI_CHAT, OPENAI_COMPLETIONS, TGI,
+                               UnknownDialect, canonical_dialect, detect_dialect)
+
+__all__ = ["BEDROCK", "BadInput", "Capabilities", "DIALECTS", "LEVELS", "MASK", "OPENAI_CHAT",
+           "OPENAI_COMPLETIONS", "RUNGS", "Rung", "TGI", "UnknownDialect", "UnknownLevel",
+           "canonical_dialect", "detect_dialect", "is_secret_name", "mask_secrets",
+           "mask_secrets_text", "rung"]
