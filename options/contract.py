@@ -19,6 +19,8 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from options.core import BadInput
+from options.core.wire import (BEDROCK, OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, canonical_dialect,
+                               detect_dialect as detect_dialect_name)
 
 # Finish reasons, normalised: "stop" (end of sequence or a stop string), "length" (max_tokens).
 # Anything else a server says is passed through unchanged.
@@ -260,7 +262,7 @@ class _OpenAI(Dialect):
 
 
 class OpenAICompletions(_OpenAI):
-    name = "openai-completions"
+    name = OPENAI_COMPLETIONS
     path = "/v1/completions"
 
     def to_wire(self, req: Request) -> dict[str, Any]:
@@ -288,7 +290,7 @@ class OpenAICompletions(_OpenAI):
 
 
 class OpenAIChat(_OpenAI):
-    name = "openai-chat"
+    name = OPENAI_CHAT
     path = "/v1/chat/completions"
 
     def to_wire(self, req: Request) -> dict[str, Any]:
@@ -340,7 +342,7 @@ class TgiInputs(Dialect):
     one-element list of it); streams send ``{"token": {"text"}, "generated_text", "details"}``
     per line (LMI jsonlines) or per SSE event (TGI, LMI sse).
     """
-    name = "tgi"
+    name = TGI
 
     def to_wire(self, req: Request) -> dict[str, Any]:
         params = _opt(max_new_tokens=req.max_tokens, temperature=req.temperature,
@@ -420,7 +422,7 @@ class TgiInputs(Dialect):
 
 class BedrockConverse(Dialect):
     """Bedrock Converse: the keyword arguments of ``converse``/``converse_stream`` and their answers."""
-    name = "bedrock"
+    name = BEDROCK
     path = ""
 
     _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
@@ -507,32 +509,21 @@ def _error_text(err: Any) -> str:
     return str(err)
 
 
+# One adapter per wire dialect, keyed by the dialect's one name (options.core.wire).
 DIALECTS: dict[str, Dialect] = {d.name: d for d in
                                 (OpenAIChat(), OpenAICompletions(), TgiInputs(), BedrockConverse())}
-DIALECTS["lmi"] = DIALECTS["tgi"]
 
 
 def dialect(name: str | Dialect) -> Dialect:
+    """The adapter for a dialect's name or alias (``lmi`` is TGI's shape, as LMI speaks it)."""
     if isinstance(name, Dialect):
         return name
-    try:
-        return DIALECTS[name]
-    except KeyError:
-        raise BadInput(f"unknown dialect {name!r}: choose one of {', '.join(sorted(DIALECTS))}") from None
+    return DIALECTS[canonical_dialect(name)]
 
 
 def detect_dialect(body: dict[str, Any]) -> Dialect:
-    """Which dialect a request body is in (what a server does on ``/invocations``)."""
-    if "messages" in body and "modelId" not in body:
-        return DIALECTS["openai-chat"]
-    if "prompt" in body:
-        return DIALECTS["openai-completions"]
-    if "inputs" in body:
-        return DIALECTS["tgi"]
-    if "modelId" in body:
-        return DIALECTS["bedrock"]
-    raise BadInput(f"cannot tell the dialect of a body with keys {sorted(body)}: expected "
-                   "messages (OpenAI chat), prompt (OpenAI completions) or inputs (LMI/TGI)")
+    """Which dialect a request body is in: the one detection the server uses too."""
+    return DIALECTS[detect_dialect_name(body)]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -625,7 +616,7 @@ class InvokeError(RuntimeError):
         self.kind, self.status = kind, status
 
 
-def invoke_http(base_url: str, request: Request, dialect_name: str | Dialect = "openai-completions",
+def invoke_http(base_url: str, request: Request, dialect_name: str | Dialect = OPENAI_COMPLETIONS,
                 *, path: str | None = None, timeout_s: float = 600.0,
                 headers: dict[str, str] | None = None) -> Result | Iterator[StreamEvent]:
     """POST ``request`` to a server in ``dialect_name``; a Result, or StreamEvents if streaming.
@@ -690,7 +681,7 @@ def _json_body(raw: bytes) -> Any:
 
 
 def invoke_sagemaker(runtime_client: Any, endpoint_name: str, request: Request,
-                     dialect_name: str | Dialect = "openai-chat", *,
+                     dialect_name: str | Dialect = OPENAI_CHAT, *,
                      custom_attributes: str | None = None) -> Result | Iterator[StreamEvent]:
     """Invoke a SageMaker endpoint through boto3's ``sagemaker-runtime`` client.
 

@@ -1,8 +1,12 @@
 """The three request dialects seen on SageMaker's ``/invocations``, in and out.
 
-- ``chat``: OpenAI chat completions (``messages``)
-- ``completion``: OpenAI completions (``prompt``)
-- ``tgi``: Hugging Face TGI / AWS LMI (``inputs`` + ``parameters``)
+- ``openai-chat`` (``OPENAI_CHAT``): OpenAI chat completions (``messages``)
+- ``openai-completions`` (``OPENAI_COMPLETIONS``): OpenAI completions (``prompt``)
+- ``tgi`` (``TGI``): Hugging Face TGI / AWS LMI (``inputs`` + ``parameters``)
+
+The names, and the detection of a body's dialect, are the project's core
+(``options.core.wire``), shared with the client (``options.contract``); the older names
+``chat`` and ``completion`` are still accepted.
 
 ``parse_request`` turns a body into one ``GenerationRequest`` (or raises ``BadRequest``
 naming the field, what is wrong and what would be right). ``responder_for`` returns the
@@ -18,10 +22,14 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-DIALECTS = ("chat", "completion", "tgi")
+from options.core.wire import (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, UnknownDialect,
+                               canonical_dialect, detect_dialect)
+
+# The dialects this server speaks (Bedrock's Converse bodies go to Bedrock only).
+DIALECTS = (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI)
 # Defaults when a request names no output length. OpenAI completions: 16 (its spec);
 # OpenAI chat: the rest of the context (as vLLM); TGI/LMI: 100 (TGI's default).
-DEFAULT_MAX_TOKENS = {"completion": 16, "chat": None, "tgi": 100}
+DEFAULT_MAX_TOKENS = {OPENAI_COMPLETIONS: 16, OPENAI_CHAT: None, TGI: 100}
 MAX_STOP_SEQUENCES = 16
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
 
@@ -72,27 +80,30 @@ def parse_body(body: bytes) -> dict[str, Any]:
     return data
 
 
-def detect_dialect(data: dict[str, Any]) -> str:
-    if "messages" in data:
-        return "chat"
-    if "prompt" in data:
-        return "completion"
-    if "inputs" in data:
-        return "tgi"
-    keys = ", ".join(sorted(data)[:10]) or "none"
-    raise BadRequest("unknown request dialect: expected 'messages' (OpenAI chat), 'prompt' "
-                     f"(OpenAI completion) or 'inputs' with 'parameters' (TGI/LMI); got keys: "
-                     f"{keys}", "body")
+def request_dialect(data: dict[str, Any], dialect: str | None = None) -> str:
+    """The dialect a route takes (``dialect``, any of its names), else the body's own."""
+    try:
+        name = canonical_dialect(dialect) if dialect else detect_dialect(data)
+    except UnknownDialect as e:
+        raise BadRequest(str(e), "body") from None
+    if name not in DIALECTS:
+        raise BadRequest(f"{name} bodies (modelId + messages of content blocks) go to Bedrock, "
+                         "not to this server: send OpenAI chat (messages of role and content), "
+                         "OpenAI completion (prompt) or TGI/LMI (inputs + parameters)", "body")
+    return name
 
 
 def parse_request(body: bytes, dialect: str | None = None) -> GenerationRequest:
-    """The body as a GenerationRequest; ``dialect`` None means detect it (``/invocations``)."""
+    """The body as a GenerationRequest; ``dialect`` None means detect it (``/invocations``).
+
+    ``dialect`` is one of ``DIALECTS`` or an alias (``chat``, ``completion``, ``lmi``);
+    ``req.dialect`` is always the dialect's one name."""
     data = parse_body(body)
-    dialect = dialect or detect_dialect(data)
-    if dialect == "tgi":
+    dialect = request_dialect(data, dialect)
+    if dialect == TGI:
         return _parse_tgi(data)
     req = GenerationRequest(dialect=dialect)
-    if dialect == "chat":
+    if dialect == OPENAI_CHAT:
         req.messages = _messages(data.get("messages"))
         if "max_completion_tokens" in data:
             req.max_tokens = _int(data, "max_completion_tokens", 1)
@@ -126,9 +137,9 @@ def _parse_tgi(data: dict[str, Any]) -> GenerationRequest:
     if not isinstance(params, dict):
         raise BadRequest("parameters must be an object such as "
                          '{"max_new_tokens": 64}', "parameters")
-    req = GenerationRequest(dialect="tgi", prompt=inputs, max_tokens_field="max_new_tokens")
+    req = GenerationRequest(dialect=TGI, prompt=inputs, max_tokens_field="max_new_tokens")
     req.max_tokens = (_int(params, "max_new_tokens", 1, prefix="parameters.")
-                      if params.get("max_new_tokens") is not None else DEFAULT_MAX_TOKENS["tgi"])
+                      if params.get("max_new_tokens") is not None else DEFAULT_MAX_TOKENS[TGI])
     # TGI and LMI decode greedily unless asked to sample.
     do_sample = _bool(params, "do_sample", False, "parameters.")
     greedy = not do_sample and not any(params.get(k) is not None
@@ -257,8 +268,7 @@ def _bool(data: dict[str, Any], key: str, default: bool, prefix: str = "") -> bo
 
 def check_lengths(req: GenerationRequest, prompt_tokens: int, max_model_len: int) -> int:
     """The max_tokens to ask the engine for; BadRequest when the context cannot hold it."""
-    field_name = "messages" if req.dialect == "chat" else (
-        "inputs" if req.dialect == "tgi" else "prompt")
+    field_name = {OPENAI_CHAT: "messages", TGI: "inputs"}.get(req.dialect, "prompt")
     if prompt_tokens >= max_model_len:
         raise BadRequest(f"{field_name} is {prompt_tokens} tokens but the model's context "
                          f"(max_model_len) is {max_model_len} tokens, which must also hold at "
@@ -268,7 +278,7 @@ def check_lengths(req: GenerationRequest, prompt_tokens: int, max_model_len: int
     if req.max_tokens is None:
         return room
     if req.max_tokens > room:
-        where = "parameters." if req.dialect == "tgi" else ""
+        where = "parameters." if req.dialect == TGI else ""
         raise BadRequest(f"{where}{req.max_tokens_field}={req.max_tokens} is more than the "
                          f"{room} tokens left in the context (max_model_len {max_model_len} − "
                          f"{prompt_tokens} prompt tokens): ask for at most {room}",
@@ -438,8 +448,8 @@ class TgiResponder(Responder):
 
 
 def responder_for(req: GenerationRequest, model: str, decode_one=None) -> Responder:
-    if req.dialect == "chat":
+    if req.dialect == OPENAI_CHAT:
         return ChatResponder(req, model)
-    if req.dialect == "completion":
+    if req.dialect == OPENAI_COMPLETIONS:
         return CompletionResponder(req, model)
     return TgiResponder(req, model, decode_one)
