@@ -1,6 +1,10 @@
 """A small OpenAI-compatible server for the gateway's tests: several named upstreams in one
 process (``/u/<name>/v1/...``), each streaming tokens at a fixed rate and reporting usage.
 
+It also answers as Bedrock's runtime (``/model/<id>/converse``, ``/converse-stream``) and
+SageMaker's (``/endpoints/<name>/invocations``, ``/invocations-response-stream``), with real
+AWS event-stream bytes, so botocore signs, sends and parses exactly as against AWS.
+
 ``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
 "hang", "interval_s": ..., "stop_after": N}); ``GET /control/<name>`` returns what it saw (requests, streams
 completed and aborted by the client, the last body).
@@ -13,11 +17,15 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bedrock"))
+from aws_event_stream import event  # noqa: E402   the same encoder the Bedrock tests use
 
 STATE: dict[str, dict] = {}
 
@@ -99,7 +107,73 @@ async def generate(request: Request):
     return StreamingResponse(events(), media_type="text/event-stream")
 
 
+async def bedrock(request: Request):
+    """Converse and ConverseStream for model ``id``: one word per token, usage at the end."""
+    model_id = request.path_params["model_id"]
+    u = upstream(model_id)
+    body = await request.json()
+    u["requests"] += 1
+    u["last_body"] = body
+    if u["mode"] == "fail429":
+        return JSONResponse({"message": "Too many requests"}, status_code=429,
+                            headers={"x-amzn-ErrorType": "ThrottlingException"})
+    n = int((body.get("inferenceConfig") or {}).get("maxTokens") or 16)
+    words = [f"{model_id}:{i} " for i in range(n)]
+    usage = {"inputTokens": count_prompt({"prompt": " ".join(
+        b.get("text", "") for m in body["messages"] for b in m["content"])}),
+             "outputTokens": n}
+    usage["totalTokens"] = usage["inputTokens"] + n
+    if not request.url.path.endswith("-stream"):
+        return JSONResponse({"output": {"message": {"role": "assistant",
+                                                    "content": [{"text": "".join(words)}]}},
+                             "stopReason": "max_tokens", "usage": usage,
+                             "metrics": {"latencyMs": 5}})
+
+    async def events():
+        yield event("messageStart", {"role": "assistant"})
+        for w in words:
+            await asyncio.sleep(u["interval_s"])
+            yield event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": w}})
+        yield event("contentBlockStop", {"contentBlockIndex": 0})
+        yield event("messageStop", {"stopReason": "max_tokens"})
+        yield event("metadata", {"usage": usage, "metrics": {"latencyMs": 5}})
+        u["completed"] += 1
+    return StreamingResponse(events(), media_type="application/vnd.amazon.eventstream")
+
+
+async def sagemaker(request: Request):
+    """An endpoint serving OpenAI chat bodies (rung 5's server); streams as PayloadParts cut
+    every 7 bytes, across lines and events, as SageMaker cuts them."""
+    name = request.path_params["endpoint"]
+    u = upstream(name)
+    body = await request.json()
+    u["requests"] += 1
+    u["last_body"] = body
+    n = int(body.get("max_tokens") or 16)
+    words = [f"{name}:{i} " for i in range(n)]
+    usage = {"prompt_tokens": count_prompt(body), "completion_tokens": n,
+             "total_tokens": count_prompt(body) + n}
+    if not request.url.path.endswith("-response-stream"):
+        return JSONResponse({"id": "x", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": "".join(words)},
+             "finish_reason": "length"}], "usage": usage})
+
+    async def events():
+        sse = b"".join(b"data: " + json.dumps({"choices": [{"index": 0, "delta": {"content": w},
+                                                            "finish_reason": None}]}).encode()
+                       + b"\n\n" for w in words)
+        sse += b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\ndata: [DONE]\n\n"
+        for i in range(0, len(sse), 7):
+            yield event("PayloadPart", sse[i:i + 7], "application/octet-stream")
+        u["completed"] += 1
+    return StreamingResponse(events(), media_type="application/vnd.amazon.eventstream")
+
+
 app = Starlette(routes=[
+    Route("/model/{model_id}/converse", bedrock, methods=["POST"]),
+    Route("/model/{model_id}/converse-stream", bedrock, methods=["POST"]),
+    Route("/endpoints/{endpoint}/invocations", sagemaker, methods=["POST"]),
+    Route("/endpoints/{endpoint}/invocations-response-stream", sagemaker, methods=["POST"]),
     Route("/control/{name}", control, methods=["GET", "POST"]),
     Route("/u/{name}/v1/chat/completions", generate, methods=["POST"]),
     Route("/u/{name}/v1/completions", generate, methods=["POST"]),

@@ -113,11 +113,15 @@ class Gateway:
         self.process = None
 
     def start(self) -> "Gateway":
+        # Bedrock and SageMaker upstreams are the fake server behind endpoint_url: botocore
+        # signs with these made-up credentials, as it would with real ones.
+        env = {**os.environ, "AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}
+        env.pop("AWS_PROFILE", None)
         with open(self.log_path, "a") as out:
             self.process = subprocess.Popen(
                 [sys.executable, str(GATEWAY_DIR / "serve"), "--config", str(self.config_path),
                  "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
         wait_for(lambda: self.process.poll() is not None or answers(self.url + "/readyz"),
                  START_TIMEOUT_S, "the gateway to answer /readyz")
         assert self.process.poll() is None, self.log()
@@ -183,6 +187,15 @@ def models_config(up: FakeUpstreams, dead_port: int) -> dict:
         "slow": {"upstreams": [{"name": "hang", "url": up.url("hang")}]},
         "stream": {"upstreams": [{"name": "slowstream", "url": up.url("slowstream")}]},
         "abort": {"upstreams": [{"name": "abortme", "url": up.url("abortme")}]},
+        # The issue's shape: a self-hosted upstream first, a managed rung as its fallback.
+        "managed": {"upstreams": [{"name": "selfhosted", "url": f"http://127.0.0.1:{dead_port}/v1"},
+                                  {"name": "bedrock", "weight": 0, "bedrock": {
+                                      "model_id": "fake.model-v1", "region": "us-east-1",
+                                      "endpoint_url": up.base}}],
+                    "fallback": ["bedrock"]},
+        "endpoint": {"upstreams": [{"name": "sagemaker", "sagemaker": {
+            "endpoint": "byo-ep", "dialect": "openai-chat", "region": "us-east-1",
+            "endpoint_url": up.base}}]},
         "priced": {"upstreams": [{"name": "pricey", "url": up.url("pricey"),
                                   "usd_per_mtok_input": 1000, "usd_per_mtok_output": 1000}]},
     }
@@ -217,7 +230,8 @@ def gateway_config(store: str, up: FakeUpstreams, dead_port: int, jwks_file: str
         "jwt": {"jwks_file": jwks_file, "issuer": ISSUER, "audience": AUDIENCE,
                 "tenant_claim": "tenant"},
         "tenants": {
-            "acme": {"rpm": 100000, "models": ["chat", "flaky", "dead", "slow", "stream", "abort"]},
+            "acme": {"rpm": 100000, "models": ["chat", "flaky", "dead", "slow", "stream", "abort",
+                                                "managed", "endpoint"]},
             "rpm30": {"rpm": 30, "models": ["chat"]},
             "tpm200": {"tpm": 200, "models": ["chat"]},
             "conc1": {"max_concurrency": 1, "models": ["stream"]},

@@ -26,7 +26,7 @@ from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
 from .routing import attempts
 from .store import open_store
-from .upstream import OpenAIUpstreams, UpstreamFailure, event_json, split_events
+from .upstream import OpenAIUpstreams, StreamBroken, UpstreamFailure, event_json, split_events
 
 CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
 log = logging.getLogger("spectrum_gateway")
@@ -124,7 +124,16 @@ class Gateway:
         self.store = open_store(config)
         self.auth = Authenticator(config, self.store, load_secret(config))
         self.upstreams = OpenAIUpstreams(config)
+        self._managed = None
         self.inflight = 0
+
+    @property
+    def managed(self):
+        """Bedrock and SageMaker upstreams, built on first use (boto3 is slow to import)."""
+        if self._managed is None:
+            from .managed import ManagedUpstreams
+            self._managed = ManagedUpstreams(self.config)
+        return self._managed
 
     async def close(self) -> None:
         await self.upstreams.close()
@@ -238,10 +247,11 @@ class Gateway:
                 upstream_body["stream_options"] = {**(body.get("stream_options") or {}),
                                                    "include_usage": True}
             try:
-                if upstream.kind != "openai":
-                    raise UpstreamFailure(upstream.name, "refused", f"is a {upstream.kind} "
-                                          "upstream, which this gateway does not call yet")
-                response = await self.upstreams.open(upstream, path, upstream_body)
+                if upstream.kind == "openai":
+                    response = await self.upstreams.open(upstream, path, upstream_body)
+                else:
+                    response = await self.managed.open(upstream, path, upstream_body, call.model,
+                                                       call.request_id)
                 call.upstream = upstream
                 break
             except UpstreamFailure as failure:
@@ -331,9 +341,9 @@ class Gateway:
                     yield event
             if buffer:
                 yield buffer
-        except (httpx.TimeoutException, httpx.TransportError) as e:
+        except (httpx.TimeoutException, httpx.TransportError, StreamBroken) as e:
             status = 504 if isinstance(e, httpx.TimeoutException) else 502
-            what = "timed out" if status == 504 else f"broke off ({type(e).__name__})"
+            what = "timed out" if status == 504 else f"broke off ({type(e).__name__}: {e})"
             yield (b"data: " + json.dumps(error_body(status, f"upstream {call.upstream.name} "
                    f"{what} mid-stream", "upstream_failed")).encode() + b"\n\n")
         except BaseException:

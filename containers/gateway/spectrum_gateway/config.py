@@ -47,8 +47,8 @@ class Upstream:
     url: str | None = None                 # OpenAI-compatible base URL (…/v1 added when absent)
     model: str | None = None               # the name the upstream knows the model by
     api_key_env: str | None = None         # environment variable holding the upstream's key
-    bedrock: dict | None = None            # {model_id, region?}
-    sagemaker: dict | None = None          # {endpoint, dialect?, region?}
+    bedrock: dict | None = None            # {model_id, region?, endpoint_url?}
+    sagemaker: dict | None = None          # {endpoint, dialect?, region?, endpoint_url?}
     usd_per_mtok_input: float = 0.0        # prices for the monthly budget and the ledger
     usd_per_mtok_output: float = 0.0
 
@@ -123,8 +123,10 @@ MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens"}
 UPSTREAM_KEYS = {"name", "url", "weight", "model", "api_key_env", "bedrock", "sagemaker",
                  "usd_per_mtok_input", "usd_per_mtok_output"}
 JWT_KEYS = {"jwks_file", "jwks_url", "issuer", "audience", "tenant_claim"}
-BEDROCK_KEYS = {"model_id", "region"}
-SAGEMAKER_KEYS = {"endpoint", "dialect", "region", "inference_component"}
+BEDROCK_KEYS = {"model_id", "region", "endpoint_url"}
+SAGEMAKER_KEYS = {"endpoint", "dialect", "region", "endpoint_url"}
+# The bodies a SageMaker endpoint may speak (options/contract.py's dialects).
+SAGEMAKER_DIALECTS = ("openai-chat", "openai-completions", "tgi", "lmi")
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]*$")
 
 
@@ -323,6 +325,9 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
                 check.keys(f"{ukey}.{kind}", sub, known)
                 if not sub.get(required):
                     check.error(f"{ukey}.{kind}", f"needs {required}")
+                if kind == "sagemaker" and sub.get("dialect", "openai-chat") not in SAGEMAKER_DIALECTS:
+                    check.error(f"{ukey}.sagemaker.dialect", f"{sub['dialect']!r} is not a dialect "
+                                f"an endpoint can speak; choose one of {', '.join(SAGEMAKER_DIALECTS)}")
         weight = check.number(f"{ukey}.weight", u.get("weight", 1), integer=False, minimum=0)
         upstreams.append(Upstream(
             name=uname, weight=float(weight or 0), url=url,

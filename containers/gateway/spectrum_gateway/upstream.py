@@ -30,6 +30,10 @@ class UpstreamFailure(Exception):
         return 504 if self.kind == "timeout" else 502
 
 
+class StreamBroken(Exception):
+    """A stream that had started broke off (a managed upstream's error event, a dropped stream)."""
+
+
 class OpenAIUpstreams:
     """One pooled async HTTP client for every OpenAI-compatible upstream."""
 
