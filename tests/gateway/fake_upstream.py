@@ -47,12 +47,18 @@ def count_prompt(body: dict) -> int:
     return max(1, len(str(text).split()))
 
 
-async def generate(request: Request):
-    name = request.path_params["name"]
+async def received(request: Request, name: str) -> tuple[dict, dict]:
+    """The upstream's state and the request's body, counted and kept for the tests."""
     u = upstream(name)
     body = await request.json()
     u["requests"] += 1
     u["last_body"] = body
+    return u, body
+
+
+async def generate(request: Request):
+    name = request.path_params["name"]
+    u, body = await received(request, name)
     if u["mode"] == "fail500":
         return JSONResponse({"error": {"message": f"{name} is broken"}}, status_code=500)
     if u["mode"] == "fail429":
@@ -110,10 +116,7 @@ async def generate(request: Request):
 async def bedrock(request: Request):
     """Converse and ConverseStream for model ``id``: one word per token, usage at the end."""
     model_id = request.path_params["model_id"]
-    u = upstream(model_id)
-    body = await request.json()
-    u["requests"] += 1
-    u["last_body"] = body
+    u, body = await received(request, model_id)
     if u["mode"] == "fail429":
         return JSONResponse({"message": "Too many requests"}, status_code=429,
                             headers={"x-amzn-ErrorType": "ThrottlingException"})
@@ -145,10 +148,7 @@ async def sagemaker(request: Request):
     """An endpoint serving OpenAI chat bodies (rung 5's server); streams as PayloadParts cut
     every 7 bytes, across lines and events, as SageMaker cuts them."""
     name = request.path_params["endpoint"]
-    u = upstream(name)
-    body = await request.json()
-    u["requests"] += 1
-    u["last_body"] = body
+    u, body = await received(request, name)
     n = int(body.get("max_tokens") or 16)
     words = [f"{name}:{i} " for i in range(n)]
     usage = {"prompt_tokens": count_prompt(body), "completion_tokens": n,
