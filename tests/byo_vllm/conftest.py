@@ -14,6 +14,9 @@ from options.local_server import LocalServer
 # The tiny model's whole context (2048 positions): long enough that a stream outlasts a
 # client hanging up, small enough that prompt-too-long cases are cheap to build.
 MAX_MODEL_LEN = 2048
+# How long the module's server waits for a request's headers or the next part of its body:
+# short enough for the slow-client test, long enough for a client this machine deschedules.
+READ_TIMEOUT_S = 10
 
 
 def server_env(model_dir: Path, **extra: str) -> dict[str, str]:
@@ -50,7 +53,8 @@ class StartedServer:
 @pytest.fixture(scope="module")
 def byo_server(tiny_model, tmp_path_factory):
     log = tmp_path_factory.mktemp("byo") / "server.log"
-    server = LocalServer(server_env(tiny_model), log_path=log)
+    server = LocalServer(server_env(tiny_model, SPECTRUM_SERVER_READ_TIMEOUT=str(READ_TIMEOUT_S)),
+                         log_path=log)
     states: list[tuple[float, str]] = []
     server.start()
     try:

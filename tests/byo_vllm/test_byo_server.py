@@ -10,12 +10,14 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import requests
 
-from conftest import MAX_MODEL_LEN, sse_events, wait_for
+from conftest import MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -243,8 +245,8 @@ def test_disconnected_stream_is_aborted_in_the_engine(byo_server):
 
 
 def test_stream_to_an_http_1_0_client_is_written_whole_then_closed(byo_server):
-    """HTTP/1.0 has no chunked framing: the request thread writes the raw events and the
-    end of the stream is the end of the connection."""
+    """HTTP/1.0 has no chunked framing: the client gets the whole stream's events with their
+    length once the answer is complete, then the connection closes."""
     body = json.dumps({"prompt": "Hello", "max_tokens": 20, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     host, port = byo_server.url.removeprefix("http://").split(":")
@@ -255,7 +257,8 @@ def test_stream_to_an_http_1_0_client_is_written_whole_then_closed(byo_server):
         while chunk := client.recv(65536):
             received += chunk
     head, _, payload = received.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.0 200") and b"chunked" not in head.lower()
+    assert head.startswith((b"HTTP/1.0 200", b"HTTP/1.1 200")) and b"chunked" not in head.lower()
+    assert f"content-length: {len(payload)}".encode() in head.lower()
     events = [line[6:] for line in payload.split(b"\n") if line.startswith(b"data: ")]
     assert events[-1] == b"[DONE]"
     assert json.loads(events[-2])["usage"]["completion_tokens"] == 20
@@ -263,8 +266,7 @@ def test_stream_to_an_http_1_0_client_is_written_whole_then_closed(byo_server):
 
 
 def test_streams_one_after_another_on_one_kept_alive_connection(byo_server):
-    """The loop thread writes a stream with the socket in non-blocking mode and must hand it
-    back as it found it, or the next request on the same connection breaks."""
+    """A finished stream leaves its connection ready for the next request."""
     with requests.Session() as session:
         texts = []
         for _ in range(3):
@@ -332,6 +334,84 @@ def test_body_over_6_mb_is_413(byo_server):
                       headers={"Content-Type": "application/json"}, timeout=60)
     assert r.status_code == 413
     assert "6 MB" in r.json()["error"]["message"]
+
+
+def test_body_over_6_mb_is_413_even_to_a_client_that_sends_it_all_first(byo_server):
+    """urllib writes the whole body before it reads: the server answers 413 from the declared
+    length and drops what follows instead of closing on the client mid-write."""
+    body = b'{"prompt": "' + b"x" * (6 * 1024 * 1024 + 10) + b'"}'
+    with pytest.raises(urllib.error.HTTPError) as answer:
+        urllib.request.urlopen(urllib.request.Request(
+            byo_server.url + "/v1/completions", data=body,
+            headers={"Content-Type": "application/json"}), timeout=60)
+    assert answer.value.code == 413
+    assert "6 MB" in json.loads(answer.value.read())["error"]["message"]
+
+
+PINGS = """
+import json, sys, time, urllib.request
+times = []
+for _ in range(5):
+    started = time.monotonic()
+    with urllib.request.urlopen(sys.argv[1] + "/ping", timeout=10) as r:
+        assert r.status == 200, r.status
+    times.append(time.monotonic() - started)
+    time.sleep(0.2)
+print(json.dumps(times))
+"""
+
+
+def _half_sent(url: str, n: int) -> list[socket.socket]:
+    """``n`` connections that stop mid-request: half with their headers cut short, half with
+    complete headers and half a body."""
+    host, port = url.removeprefix("http://").split(":")
+    body = json.dumps({"prompt": "never finished", "max_tokens": 4}).encode()
+    stalled = []
+    for i in range(n):
+        client = socket.create_connection((host, int(port)), timeout=30)
+        if i % 2:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Ty")
+        else:
+            client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                           b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                           % (len(body), body[:len(body) // 2]))
+        stalled.append(client)
+    return stalled
+
+
+def test_1000_half_sent_requests_leave_ping_fast_and_are_dropped(byo_server):
+    """Slow or stuck clients cost the server a socket each, never its health check: /ping
+    (timed from a process of its own, as SageMaker's checker) stays under 2 s with 1,000
+    half-sent requests open, the server drops them after its read timeout (a cut header:
+    closed; a cut body: 408), and it serves on."""
+    started = time.monotonic()
+    stalled = _half_sent(byo_server.url, 1000)
+    try:
+        pings = subprocess.run([sys.executable, "-c", PINGS, byo_server.url],
+                               capture_output=True, text=True, timeout=120)
+        assert pings.returncode == 0, pings.stderr
+        times = json.loads(pings.stdout)
+        assert max(times) < 2.0, f"/ping took {max(times):.2f} s with 1,000 stalled clients"
+        # Every stalled request ends by the server's hand once the read timeout passes.
+        answers = {}
+        for i, client in enumerate(stalled):
+            client.settimeout(max(1.0, READ_TIMEOUT_S + 30 - (time.monotonic() - started)))
+            data = b""
+            while chunk := client.recv(65536):
+                data += chunk
+            answers[i] = data
+        cut_headers = [answers[i] for i in range(1, 1000, 2)]
+        cut_bodies = [answers[i] for i in range(0, 1000, 2)]
+        assert all(a == b"" for a in cut_headers), "a connection with cut headers was answered"
+        assert all(a.startswith(b"HTTP/1.1 408") for a in cut_bodies), cut_bodies[0][:200]
+        assert b"no part of the body" in cut_bodies[0]
+        assert time.monotonic() - started >= READ_TIMEOUT_S
+    finally:
+        for client in stalled:
+            client.close()
+    r = byo_server.post("/v1/completions", {"prompt": "Still here?", "max_tokens": 3,
+                                            "ignore_eos": True})
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
 
 
 def test_unknown_route_is_json_404(byo_server):

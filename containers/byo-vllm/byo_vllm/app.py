@@ -1,5 +1,6 @@
-"""The WSGI application gunicorn runs in its one worker: picks the backend, starts loading it
-in the background (so /ping answers 503 at once), and registers the routes.
+"""The ASGI application gunicorn's worker serves: picks the backend, starts loading it in the
+background when the server starts (so /ping answers 503 at once), shuts it down when the
+server stops, and hands every request to the routes.
 
 Backends: the vLLM engine (``engine.EngineAdapter``), or, for level 4, the user's model.py
 served through ``lmi_handler.LmiHandlerBackend`` when ``OPTION_ENTRYPOINT`` names a .py file
@@ -7,30 +8,26 @@ or the model folder holds a model.py.
 """
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
-import threading
 from pathlib import Path
 
-from flask import Flask
-
-from . import routes
 from .config import ConfigError, ServerSettings
+from .routes import Routes
 
 log = logging.getLogger("byo_vllm.app")
 
 
 class HandlerLoader:
-    """Runs a handler backend's blocking ``load()`` in a background thread."""
+    """Runs a handler backend's blocking ``load()`` in a thread."""
 
     def __init__(self, backend) -> None:
         self.backend = backend
 
-    def start(self) -> None:
-        threading.Thread(target=self._load, name="handler-load", daemon=True).start()
-
-    def _load(self) -> None:
+    async def start(self) -> None:
         try:
-            self.backend.load()
+            await asyncio.to_thread(self.backend.load)
         except Exception:           # noqa: BLE001 - the backend reports it through .failed
             log.exception("the model.py handler failed to load")
 
@@ -70,10 +67,37 @@ def make_backend(settings: ServerSettings):
     return HandlerLoader(LmiHandlerBackend(model_dir, properties))
 
 
-def create_app(settings: ServerSettings, backend=None) -> Flask:
-    backend = backend if backend is not None else make_backend(settings)
-    app = Flask("byo_vllm")
-    app.extensions["byo_backend"] = backend
-    routes.register(app, backend, settings)
-    backend.start()
-    return app
+class App:
+    """ASGI: the lifespan starts and stops the backend; requests go to the routes."""
+
+    def __init__(self, settings: ServerSettings, backend) -> None:
+        self.settings = settings
+        self.backend = backend
+        self.routes = Routes(backend, settings)
+        self._loading: asyncio.Task | None = None
+
+    async def __call__(self, scope: dict, receive, send) -> None:
+        if scope["type"] == "http":
+            await self.routes(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self._lifespan(receive, send)
+
+    async def _lifespan(self, receive, send) -> None:
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                loop = asyncio.get_running_loop()
+                # Blocking work (a model.py handler's calls, the engine's build) gets a pool
+                # of its own size; nothing on the serving path of the engine uses it.
+                loop.set_default_executor(concurrent.futures.ThreadPoolExecutor(
+                    self.settings.threads, thread_name_prefix="byo-blocking"))
+                self._loading = loop.create_task(self.backend.start())
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                self.backend.shutdown()
+                await send({"type": "lifespan.shutdown.complete"})
+                return
+
+
+def create_app(settings: ServerSettings, backend=None) -> App:
+    return App(settings, backend if backend is not None else make_backend(settings))

@@ -84,9 +84,11 @@ class ServerSettings:
     host: str = "0.0.0.0"
     engine_args: dict[str, EngineArg] = field(default_factory=dict)
     ignored: list[str] = field(default_factory=list)      # "OPTION_X=y (why)"
-    threads: int = 256
+    threads: int = 64                                      # blocking work: model.py calls
     graceful_timeout_s: int = 25                           # SageMaker kills 30 s after SIGTERM
-    gil_switch_ms: int = 5                                 # see server.ServerApplication.load
+    # A client must send its request's headers, and each part of its body, within this time
+    # (nginx's client_header_timeout / client_body_timeout): a stalled client is dropped.
+    read_timeout_s: int = 30
     served_model_name: str = ""
     # Level 4: serve through the user's model.py instead of vLLM (interface 6).
     handler_entrypoint: Path | None = None
@@ -98,7 +100,7 @@ class ServerSettings:
             "model": self.model, "model_source": self.model_source,
             "served_model_name": self.served_model_name,
             "bind": f"{self.host}:{self.port}", "threads": self.threads,
-            "graceful_timeout_s": self.graceful_timeout_s, "gil_switch_ms": self.gil_switch_ms,
+            "graceful_timeout_s": self.graceful_timeout_s, "read_timeout_s": self.read_timeout_s,
             "backend": "lmi_handler" if self.handler_entrypoint else "vllm",
             "handler_entrypoint": str(self.handler_entrypoint) if self.handler_entrypoint else None,
             "engine_args": {a.name: MASK if is_secret_name(a.name) else a.value
@@ -151,9 +153,9 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     _resolve_tensor_parallel(env, args, problems)
     model, model_source = _resolve_model(env, problems)
     port = _int_setting(env, "SAGEMAKER_BIND_TO_PORT", DEFAULT_PORT, problems, 1, 65535)
-    threads = _int_setting(env, SERVER_PREFIX + "THREADS", 256, problems, 4, 4096)
+    threads = _int_setting(env, SERVER_PREFIX + "THREADS", 64, problems, 1, 4096)
     graceful = _int_setting(env, SERVER_PREFIX + "GRACEFUL_TIMEOUT", 25, problems, 1, 3600)
-    switch_ms = _int_setting(env, SERVER_PREFIX + "GIL_SWITCH_MS", 5, problems, 1, 1000)
+    read_timeout = _int_setting(env, SERVER_PREFIX + "READ_TIMEOUT", 30, problems, 1, 3600)
     entrypoint = _handler_entrypoint(env, model, problems)
     if problems:
         raise ConfigError("the server cannot start with these settings:\n  - "
@@ -162,7 +164,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     return ServerSettings(
         model=model, model_source=model_source, port=port,
         host=env.get(SERVER_PREFIX + "HOST", "0.0.0.0"), engine_args=args, ignored=ignored,
-        threads=threads, graceful_timeout_s=graceful, gil_switch_ms=switch_ms,
+        threads=threads, graceful_timeout_s=graceful, read_timeout_s=read_timeout,
         served_model_name=served,
         handler_entrypoint=entrypoint,
         lmi_properties={k[len("OPTION_"):].lower(): v for k, v in lmi.items()} | {

@@ -1,130 +1,205 @@
 """The HTTP routes: SageMaker's contract (``/ping``, ``/invocations``), OpenAI-compatible
 ``/v1/completions`` and ``/v1/chat/completions`` (so ``vllm bench serve`` measures this
-server directly), and ``/metrics``.
+server directly), ``/v1/models`` and ``/metrics``.
 
 No request can take the server down: every failure becomes a JSON error with a status.
+Everything here runs on the server's one event loop; only a model.py handler (level 4),
+which blocks, runs in a thread.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-import socket
 import time
-from typing import Any, Iterator
-
-from flask import Flask, Response, request
-from werkzeug.exceptions import HTTPException
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from . import metrics
+from .asgi import ClientGone, Request, Send, respond, respond_error, respond_json, stream
 from .config import MAX_BODY_BYTES, ServerSettings
-from .dialects import (BadRequest, Finished, GenerationRequest, dumps_compact, check_lengths,
-                       parse_request, responder_for)
+from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, parse_request,
+                       responder_for)
 from .engine import EngineAdapter, EngineUnavailable
 
 log = logging.getLogger("byo_vllm.routes")
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
-JSON = "application/json"
-SSE = "text/event-stream"
+ROUTES_TEXT = ("GET|POST /ping, POST /invocations, POST /v1/completions, POST "
+               "/v1/chat/completions, GET /v1/models and GET /metrics")
+
+Handler = Callable[[Request, Send, list], Awaitable[None]]
 
 
-def json_response(payload: Any, status: int = 200) -> Response:
-    return Response(dumps_compact(payload), status=status, mimetype=JSON)
+class Routes:
+    """The ASGI application's request handling; ``backend`` is an EngineAdapter or a
+    handler backend (level 4)."""
 
+    def __init__(self, backend, settings: ServerSettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.engine = backend if isinstance(backend, EngineAdapter) else None
+        self.table: dict[str, dict[str, Handler]] = {
+            "/ping": {"GET": self.ping, "POST": self.ping},
+            "/invocations": {"POST": self.invocations},
+            "/v1/completions": {"POST": self.completions},
+            "/v1/chat/completions": {"POST": self.chat_completions},
+            "/v1/models": {"GET": self.models},
+            "/metrics": {"GET": self.prometheus},
+        }
 
-def error_response(message: str, status: int, field_name: str | None = None) -> Response:
-    return json_response(BadRequest(message, field_name, status).to_json(), status)
+    async def __call__(self, scope: dict, receive, send: Send) -> None:
+        request = Request(scope, receive)
+        methods = self.table.get(request.path)
+        route = request.path if methods is not None else "unmatched"
+        # SageMaker's custom attributes come back as they went.
+        attributes = request.headers.get(b"x-amzn-sagemaker-custom-attributes")
+        extra = [(b"x-amzn-sagemaker-custom-attributes", attributes)] if attributes else []
+        status = [500]
 
+        async def counted_send(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status[0] = message["status"]
+            await send(message)
 
-def register(app: Flask, backend, settings: ServerSettings) -> None:
-    """Adds every route to ``app``; ``backend`` is an EngineAdapter or a handler backend."""
-    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    engine = backend if isinstance(backend, EngineAdapter) else None
+        try:
+            if methods is None:
+                raise BadRequest(f"no route {request.method} {request.path}: this server "
+                                 f"answers {ROUTES_TEXT}", None, 404)
+            handler = methods.get(request.method)
+            if handler is None:
+                raise BadRequest(f"{request.method} is not allowed on {request.path}: use "
+                                 f"{' or '.join(methods)}", None, 405)
+            await handler(request, counted_send, extra)
+        except BadRequest as e:
+            metrics.ERRORS.labels(route, "bad_request").inc()
+            # A client too slow to send its body gets its connection closed with the answer.
+            close = [(b"connection", b"close")] if e.status == 408 else []
+            await respond_error(counted_send, e, extra + close)
+        except EngineUnavailable as e:
+            metrics.ERRORS.labels(route, "unavailable").inc()
+            await respond_error(counted_send, BadRequest(str(e), None, 503), extra)
+        except ClientGone:
+            status[0] = 499                 # nginx's word for it: nobody left to answer
+        except Exception as e:  # noqa: BLE001 - a server never dies from a request
+            log.exception("request failed")
+            metrics.ERRORS.labels(route, "internal").inc()
+            await respond_error(counted_send, BadRequest(
+                f"internal error: {type(e).__name__}: {e}", None, 500), extra)
+        finally:
+            metrics.REQUESTS.labels(route, str(status[0])).inc()
 
-    @app.route("/ping", methods=["GET", "POST"])
-    def ping() -> Response:
-        if backend.ready:
+    async def _body(self, request: Request) -> bytes:
+        return await request.body(MAX_BODY_BYTES, self.settings.read_timeout_s)
+
+    # -- the contract -----------------------------------------------------------------------
+    async def ping(self, request: Request, send: Send, extra: list) -> None:
+        if self.backend.ready:
             metrics.ENGINE_READY.set(1)
-            return Response(b"", status=200)
+            await respond(send, 200, b"", b"text/plain", extra)
+            return
         metrics.ENGINE_READY.set(0)
-        why = (getattr(backend, "dead_error", None) or getattr(backend, "failed", None)
+        why = (getattr(self.backend, "dead_error", None) or getattr(self.backend, "failed", None)
                or "the model is still loading")
-        return error_response(why, 503)
+        await respond_error(send, BadRequest(why, None, 503), extra)
 
-    @app.route("/invocations", methods=["POST"])
-    def invocations() -> Response:
-        if engine is None:
-            return _invoke_handler(backend)
-        return _generate(engine, settings, None)
-
-    @app.route("/v1/completions", methods=["POST"])
-    def completions() -> Response:
-        return _generate(_require_engine(engine), settings, "completion")
-
-    @app.route("/v1/chat/completions", methods=["POST"])
-    def chat_completions() -> Response:
-        return _generate(_require_engine(engine), settings, "chat")
-
-    @app.route("/v1/models", methods=["GET"])
-    def models() -> Response:
-        return json_response({"object": "list", "data": [
-            {"id": settings.served_model_name, "object": "model", "owned_by": "spectrum",
-             "max_model_len": engine.max_model_len if engine else None}]})
-
-    @app.route("/metrics", methods=["GET"])
-    def prometheus() -> Response:
-        body, content_type = metrics.render()
-        return Response(body, status=200, content_type=content_type)
-
-    @app.after_request
-    def count_and_pass_attributes(response: Response) -> Response:
-        rule = request.url_rule.rule if request.url_rule is not None else "unmatched"
-        metrics.REQUESTS.labels(rule, str(response.status_code)).inc()
-        attributes = request.headers.get(CUSTOM_ATTRIBUTES)
-        if attributes is not None:
-            response.headers[CUSTOM_ATTRIBUTES] = attributes
-        return response
-
-    @app.errorhandler(BadRequest)
-    def bad_request(e: BadRequest) -> Response:
-        metrics.ERRORS.labels(_rule(), "bad_request").inc()
-        return json_response(e.to_json(), e.status)
-
-    @app.errorhandler(EngineUnavailable)
-    def unavailable(e: EngineUnavailable) -> Response:
-        metrics.ERRORS.labels(_rule(), "unavailable").inc()
-        return error_response(str(e), 503)
-
-    @app.errorhandler(HTTPException)
-    def http_error(e: HTTPException) -> Response:
-        if e.code == 404:
-            message = (f"no route {request.method} {request.path}: this server answers GET|POST "
-                       "/ping, POST /invocations, POST /v1/completions, POST "
-                       "/v1/chat/completions, GET /v1/models and GET /metrics")
-        elif e.code == 413:
-            message = (f"the body is larger than {MAX_BODY_BYTES} bytes (SageMaker's 6 MB "
-                       "limit for real-time endpoints): send less")
-        elif e.code == 405:
-            message = f"{request.method} is not allowed on {request.path}"
+    async def invocations(self, request: Request, send: Send, extra: list) -> None:
+        if self.engine is None:
+            await self._invoke_handler(request, send, extra)
         else:
-            message = e.description or e.name
-        return error_response(message, e.code or 500)
+            await self._generate(request, send, extra, None)
 
-    @app.errorhandler(Exception)
-    def unexpected(e: Exception) -> Response:
-        log.exception("request failed")
-        metrics.ERRORS.labels(_rule(), "internal").inc()
-        return error_response(f"internal error: {type(e).__name__}: {e}", 500)
+    async def completions(self, request: Request, send: Send, extra: list) -> None:
+        await self._generate(request, send, extra, "completion")
+
+    async def chat_completions(self, request: Request, send: Send, extra: list) -> None:
+        await self._generate(request, send, extra, "chat")
+
+    async def models(self, request: Request, send: Send, extra: list) -> None:
+        await respond_json(send, {"object": "list", "data": [
+            {"id": self.settings.served_model_name, "object": "model", "owned_by": "spectrum",
+             "max_model_len": self.engine.max_model_len if self.engine else None}]}, 200, extra)
+
+    async def prometheus(self, request: Request, send: Send, extra: list) -> None:
+        body, content_type = metrics.render()
+        await respond(send, 200, body, content_type.encode(), extra)
+
+    # -- generation -------------------------------------------------------------------------
+    async def _generate(self, request: Request, send: Send, extra: list,
+                        dialect: str | None) -> None:
+        engine = self.engine
+        if engine is None:
+            raise BadRequest("this server runs a model.py handler: send requests to "
+                             "/invocations", None, 404)
+        req = parse_request(await self._body(request), dialect)
+        if not engine.ready:
+            raise EngineUnavailable(engine.dead_error or "the model is still loading: retry "
+                                    "when /ping answers 200")
+        prompt_ids = _prompt_ids(engine, req)
+        sampling = dict(req.sampling, max_tokens=check_lengths(req, len(prompt_ids),
+                                                                engine.max_model_len))
+        if req.details:
+            sampling["logprobs"] = 0
+        submitted = time.monotonic()
+        try:
+            outputs = engine.generate(prompt_ids, sampling, req.stream)
+        except ValueError as e:                   # vLLM's own validation of the request
+            raise BadRequest(f"the engine rejected the request: {e}") from None
+        metrics.WAITING.inc()
+        metrics.PROMPT_TOKENS.inc(len(prompt_ids))
+        try:
+            first = await outputs.__anext__()
+        except ValueError as e:
+            raise BadRequest(f"the engine rejected the request: {e}") from None
+        except Exception as e:
+            if engine.dead_error:
+                raise EngineUnavailable(engine.dead_error) from e
+            raise
+        finally:
+            metrics.WAITING.dec()
+        responder = responder_for(req, self.settings.served_model_name, engine.decode_one)
+        if not req.stream:
+            async for first in outputs:       # FINAL_ONLY: already the last; let it end
+                pass
+            done = _finished(first, len(prompt_ids), sampling)
+            metrics.E2E.labels(req.dialect).observe(time.monotonic() - submitted)
+            metrics.OUTPUT_TOKENS.inc(done.completion_tokens)
+            await respond_json(send, responder.full(done), 200, extra)
+            return
+        metrics.TTFT.labels(req.dialect).observe(time.monotonic() - submitted)
+        render = _StreamRenderer(responder, len(prompt_ids), sampling.get("seed"))
+        metrics.RUNNING.inc()
+        try:
+            finished = await stream(request, send, _chunks(first, outputs, render), extra)
+            if finished:
+                metrics.E2E.labels(req.dialect).observe(time.monotonic() - submitted)
+            elif not render.finished:
+                metrics.ABORTED.inc()          # closing the engine's iterator aborted it
+        finally:
+            metrics.RUNNING.dec()
+            metrics.OUTPUT_TOKENS.inc(render.produced)
+
+    async def _invoke_handler(self, request: Request, send: Send, extra: list) -> None:
+        """Level 4: the user's model.py answers /invocations (interface 6), in a thread."""
+        backend = self.backend
+        if not backend.ready:
+            raise EngineUnavailable(backend.failed or "the handler is still loading")
+        body = await self._body(request)
+        status, content_type, answer = await asyncio.to_thread(
+            backend.invoke, body, request.header("content-type") or "application/json",
+            request.header("accept") or "application/json")
+        headers = [(b"content-type", content_type.encode()), *extra]
+        if isinstance(answer, (bytes, bytearray)):
+            await respond(send, status, bytes(answer), content_type.encode(), extra)
+            return
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        parts = iter(answer)
+        while (part := await asyncio.to_thread(next, parts, None)) is not None:
+            await send({"type": "http.response.body", "body": _as_bytes(part),
+                        "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
 
 
-def _rule() -> str:
-    return request.url_rule.rule if request.url_rule is not None else "unmatched"
-
-
-def _require_engine(engine: EngineAdapter | None) -> EngineAdapter:
-    if engine is None:
-        raise BadRequest("this server runs a model.py handler: send requests to /invocations",
-                         None, 404)
-    return engine
+def _as_bytes(part: Any) -> bytes:
+    return part if isinstance(part, (bytes, bytearray)) else str(part).encode()
 
 
 def _prompt_ids(engine: EngineAdapter, req: GenerationRequest) -> list[int]:
@@ -135,80 +210,22 @@ def _prompt_ids(engine: EngineAdapter, req: GenerationRequest) -> list[int]:
     return engine.tokenize(req.prompt)
 
 
-def _generate(engine: EngineAdapter, settings: ServerSettings, dialect: str | None) -> Response:
-    req = parse_request(request.get_data(cache=False), dialect)
-    if not engine.ready:
-        raise EngineUnavailable(engine.dead_error or "the model is still loading: retry when "
-                                "/ping answers 200")
-    prompt_ids = _prompt_ids(engine, req)
-    sampling = dict(req.sampling, max_tokens=check_lengths(req, len(prompt_ids),
-                                                            engine.max_model_len))
-    if req.details:
-        sampling["logprobs"] = 0
-    try:
-        generation = engine.submit(prompt_ids, sampling, req.stream)
-    except ValueError as e:                   # vLLM's own validation of the request
-        raise BadRequest(f"the engine rejected the request: {e}") from None
-    metrics.WAITING.inc()
-    metrics.PROMPT_TOKENS.inc(len(prompt_ids))
-    responder = responder_for(req, settings.served_model_name, engine.decode_one)
-    try:
-        first = generation.next()
-    except BaseException:
-        metrics.WAITING.dec()
-        generation.abort()
-        raise
-    metrics.WAITING.dec()
-    if not req.stream:
-        done = _finished(first, generation, sampling)
-        metrics.E2E.labels(req.dialect).observe(time.monotonic() - generation.submitted_at)
-        metrics.OUTPUT_TOKENS.inc(done.completion_tokens)
-        return json_response(responder.full(done))
-    metrics.TTFT.labels(req.dialect).observe(time.monotonic() - generation.submitted_at)
-    render = _StreamRenderer(responder, generation.prompt_tokens, sampling.get("seed"))
-    # direct_passthrough: the server iterates the generator itself, without werkzeug's two
-    # wrapping iterators per chunk (every chunk is already bytes).
-    return Response(_stream(generation, first, render, req.dialect, _stream_socket()),
-                    mimetype=SSE, headers={"Cache-Control": "no-cache",
-                                           "X-Accel-Buffering": "no"},
-                    direct_passthrough=True)
-
-
-def _stream_socket():
-    """Readies the client's TCP socket for a stream (no Nagle delay), and returns it when the
-    engine's loop thread may write the stream to it itself: under gunicorn (which hands it
-    over in the environment) and HTTP/1.1, where gunicorn frames the response in chunks, as
-    the loop does. Otherwise None: the request thread writes every chunk."""
-    environ = request.environ
-    sock = environ.get("gunicorn.socket")
-    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-        # A stream is many small writes: Nagle's algorithm would hold each one back until
-        # the client acknowledged the one before (asyncio, under vLLM's own server, sets
-        # this on every connection too).
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    if environ.get("SERVER_PROTOCOL") != "HTTP/1.1":
-        return None
-    return sock
-
-
-def _finished(output, generation, sampling: dict[str, Any], text: str | None = None,
-              completion_tokens: int | None = None) -> Finished:
+def _finished(output, prompt_tokens: int, sampling: dict[str, Any]) -> Finished:
     choice = output.outputs[0]
     logprobs = [next(iter(d.values())).logprob if d else None
                 for d in (choice.logprobs or [])] if choice.logprobs else []
     return Finished(
-        text=choice.text if text is None else text, finish_reason=choice.finish_reason,
-        stop_reason=choice.stop_reason, prompt_tokens=generation.prompt_tokens,
-        completion_tokens=len(choice.token_ids) if completion_tokens is None else completion_tokens,
+        text=choice.text, finish_reason=choice.finish_reason, stop_reason=choice.stop_reason,
+        prompt_tokens=prompt_tokens, completion_tokens=len(choice.token_ids),
         token_ids=list(choice.token_ids), logprobs=logprobs, seed=sampling.get("seed"))
 
 
 class _StreamRenderer:
     """Turns each engine output (a delta) into the bytes of one SSE write: the per-token
-    path, run on the engine's loop thread when it writes the stream, so keep it lean."""
+    path, so keep it lean."""
 
     __slots__ = ("_responder", "_want_logprobs", "_prompt_tokens", "_seed", "_head", "texts",
-                 "produced")
+                 "produced", "finished")
 
     def __init__(self, responder, prompt_tokens: int, seed: int | None) -> None:
         self._responder = responder
@@ -218,9 +235,9 @@ class _StreamRenderer:
         self._head = responder.start()
         self.texts: list[str] = []
         self.produced = 0
+        self.finished = False
 
-    def __call__(self, output) -> tuple[bytes, bool]:
-        """The bytes to send for ``output``, and whether they end the stream."""
+    def __call__(self, output) -> bytes:
         choice = output.outputs[0]
         ids = choice.token_ids
         self.produced += len(ids)
@@ -231,50 +248,27 @@ class _StreamRenderer:
         if self._head:
             chunk, self._head = self._head + chunk, b""
         if not output.finished:
-            return chunk, False
+            return chunk
+        self.finished = True
         done = Finished("".join(self.texts), choice.finish_reason, choice.stop_reason,
                         self._prompt_tokens, self.produced, seed=self._seed)
-        return chunk + self._responder.end(done), True
+        return chunk + self._responder.end(done)
 
 
-def _stream(generation, first, render: _StreamRenderer, dialect: str,
-            sock) -> Iterator[bytes]:
-    """The first chunk goes out through the server (which sends the headers with it); the
-    rest through the engine's loop thread when ``sock`` is given, else from this thread."""
-    metrics.RUNNING.inc()
+async def _chunks(first, outputs: AsyncIterator, render: _StreamRenderer) -> AsyncIterator[bytes]:
+    """The stream's bytes, output by output. An engine failure mid-stream becomes an in-band
+    error event; closing this iterator early closes the engine's, which aborts the request."""
     try:
-        chunk, last = render(first)
-        yield chunk
-        if not last and sock is not None:
-            generation.relay(sock, render)
-        else:
-            while not last:
-                chunk, last = render(generation.next())
+        yield render(first)
+        async for output in outputs:
+            chunk = render(output)
+            if chunk:                     # an empty chunk would end a chunked response
                 yield chunk
-        metrics.E2E.labels(dialect).observe(time.monotonic() - generation.submitted_at)
-    except (GeneratorExit, OSError):      # the client went away: stop the engine's work
-        if not generation.finished:
-            metrics.ABORTED.inc()
-        raise                             # gunicorn closes the connection quietly
-    except Exception as e:                # the engine failed mid-stream: say so in-band
+    except Exception as e:  # noqa: BLE001 - the headers are out: say it in the stream
         log.exception("stream failed")
         metrics.ERRORS.labels("stream", "engine").inc()
         yield (b"data: " + json.dumps(
             {"error": {"message": f"{type(e).__name__}: {e}", "type": "server_error",
                        "code": 500}}).encode() + b"\n\n")
     finally:
-        generation.abort()
-        metrics.RUNNING.dec()
-        metrics.OUTPUT_TOKENS.inc(render.produced)
-
-
-def _invoke_handler(backend) -> Response:
-    """Level 4: the user's model.py answers /invocations (interface 6)."""
-    if not backend.ready:
-        raise EngineUnavailable(backend.failed or "the handler is still loading")
-    status, content_type, body = backend.invoke(
-        request.get_data(cache=False), request.content_type or JSON,
-        request.headers.get("Accept", JSON))
-    if isinstance(body, (bytes, bytearray)):
-        return Response(bytes(body), status=status, content_type=content_type)
-    return Response(body, status=status, content_type=content_type)
+        await outputs.aclose()
