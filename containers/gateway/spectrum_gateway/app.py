@@ -26,7 +26,8 @@ from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
 from .routing import attempts
 from .store import open_store
-from .upstream import OpenAIUpstreams, StreamBroken, UpstreamFailure, event_json, split_events
+from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFailure, event_json,
+                       split_events)
 
 CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
 log = logging.getLogger("spectrum_gateway")
@@ -298,13 +299,12 @@ class Gateway:
         return Response(status_code=499)
 
     async def _whole(self, response, call: Call, headers: dict) -> Response:
-        import httpx
         try:
             raw = await response.aread()
-        except httpx.TimeoutException:
+        except StreamTimeout:
             raise GatewayError(504, f"upstream {call.upstream.name} timed out while answering",
                                "upstream_timeout", headers)
-        except httpx.TransportError as e:
+        except StreamBroken as e:
             raise GatewayError(502, f"upstream {call.upstream.name} broke off its answer ({e})",
                                "upstream_failed", headers)
         finally:
@@ -323,7 +323,6 @@ class Gateway:
 
     async def _relay(self, response, call: Call, want_usage: bool):
         """Pass the upstream's events on as each one completes; keep its usage for the ledger."""
-        import httpx
         usage, chunks, status, buffer = None, 0, 200, b""
         self.inflight += 1
         try:
@@ -341,9 +340,9 @@ class Gateway:
                     yield event
             if buffer:
                 yield buffer
-        except (httpx.TimeoutException, httpx.TransportError, StreamBroken) as e:
-            status = 504 if isinstance(e, httpx.TimeoutException) else 502
-            what = "timed out" if status == 504 else f"broke off ({type(e).__name__}: {e})"
+        except StreamBroken as e:
+            status = 504 if isinstance(e, StreamTimeout) else 502
+            what = "timed out" if status == 504 else f"broke off ({e})"
             yield (b"data: " + json.dumps(error_body(status, f"upstream {call.upstream.name} "
                    f"{what} mid-stream", "upstream_failed")).encode() + b"\n\n")
         except BaseException:

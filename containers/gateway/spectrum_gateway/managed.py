@@ -26,7 +26,7 @@ def _contract():
 
 
 class ManagedResponse:
-    """A Bedrock or SageMaker answer, in OpenAI's shape, read like an httpx response."""
+    """A Bedrock or SageMaker answer, in OpenAI's shape, read like an HTTP upstream's response."""
 
     def __init__(self, body: dict | None = None, events=None, closer=None) -> None:
         self.status_code = 200

@@ -8,6 +8,7 @@ the gateway fall back without the client noticing.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from dataclasses import dataclass
@@ -31,44 +32,93 @@ class UpstreamFailure(Exception):
 
 
 class StreamBroken(Exception):
-    """A stream that had started broke off (a managed upstream's error event, a dropped stream)."""
+    """An answer that had started broke off (a dropped connection, a managed stream's error)."""
+
+
+class StreamTimeout(StreamBroken):
+    """The upstream sent nothing for ``upstream_timeout_s`` in the middle of its answer."""
+
+
+class HttpResponse:
+    """An upstream's HTTP answer, headers read and body not yet: ``aread`` or ``aiter_raw``
+    it, then ``aclose`` (which drops the connection if the body was not read to its end, so
+    an abandoned request stops the upstream's work)."""
+
+    def __init__(self, response) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers = response.headers
+
+    async def _guard(self, awaitable):
+        import aiohttp
+        try:
+            return await awaitable
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
+            raise StreamTimeout(f"no bytes for the read timeout ({type(e).__name__})") from None
+        except aiohttp.ClientError as e:
+            raise StreamBroken(f"{type(e).__name__}: {e}") from None
+
+    async def aread(self) -> bytes:
+        return await self._guard(self._response.read())
+
+    async def aiter_raw(self):
+        content = self._response.content
+        while True:
+            chunk = await self._guard(content.readany())
+            if not chunk:
+                return
+            yield chunk
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()          # read to its end: the connection is reused
+        else:
+            self._response.close()
 
 
 class OpenAIUpstreams:
-    """One pooled async HTTP client for every OpenAI-compatible upstream."""
+    """One pooled async HTTP client (aiohttp: its C parser keeps the per-token cost of a
+    relayed stream low) for every OpenAI-compatible upstream."""
 
     def __init__(self, config: GatewayConfig) -> None:
-        import httpx
-        self.httpx = httpx
-        self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.upstream_timeout_s, connect=config.connect_timeout_s),
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-            headers={"accept-encoding": "identity"})
+        self.config = config
+        self._session = None
+
+    @property
+    def session(self):
+        if self._session is None:        # made inside the event loop that will use it
+            import aiohttp
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
+                                              sock_read=self.config.upstream_timeout_s),
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
+                auto_decompress=False, skip_auto_headers=("Accept-Encoding",))
+        return self._session
 
     @staticmethod
     def url(upstream: Upstream, path: str) -> str:
         base = upstream.url.rstrip("/")
         return base + (path if base.endswith("/v1") else "/v1" + path)
 
-    async def open(self, upstream: Upstream, path: str, body: dict):
+    async def open(self, upstream: Upstream, path: str, body: dict) -> HttpResponse:
         """POST ``body`` to ``upstream``; the response with its body unread (caller closes it)."""
-        httpx = self.httpx
-        headers = {"content-type": "application/json"}
+        import aiohttp
+        headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key_env and os.environ.get(upstream.api_key_env):
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
-        request = self.client.build_request("POST", self.url(upstream, path), headers=headers,
-                                            content=json.dumps(body).encode())
         try:
-            response = await self.client.send(request, stream=True)
-        except httpx.TimeoutException as e:
+            raw = await self.session.post(self.url(upstream, path), data=json.dumps(body).encode(),
+                                          headers=headers)
+        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise UpstreamFailure(upstream.name, "timeout", f"timed out ({type(e).__name__})")
-        except httpx.TransportError as e:
+        except aiohttp.ClientError as e:
             raise UpstreamFailure(upstream.name, "refused",
                                   f"unreachable ({type(e).__name__}: {e or 'connection failed'})")
+        response = HttpResponse(raw)
         if response.status_code >= 500 or response.status_code == 429:
             try:
                 text = (await response.aread())[:300].decode(errors="replace")
-            except httpx.HTTPError:
+            except StreamBroken:
                 text = ""
             finally:
                 await response.aclose()
@@ -79,7 +129,8 @@ class OpenAIUpstreams:
         return response
 
     async def close(self) -> None:
-        await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
 
 
 def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:
