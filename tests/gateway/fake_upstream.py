@@ -169,7 +169,13 @@ async def sagemaker(request: Request):
     return StreamingResponse(events(), media_type="application/vnd.amazon.eventstream")
 
 
+async def jwks(request: Request):
+    """An identity provider's key set, as set through ``POST /control/jwks {"keys": [...]}``."""
+    return JSONResponse({"keys": upstream("jwks").get("keys", [])})
+
+
 app = Starlette(routes=[
+    Route("/jwks", jwks, methods=["GET"]),
     Route("/model/{model_id}/converse", bedrock, methods=["POST"]),
     Route("/model/{model_id}/converse-stream", bedrock, methods=["POST"]),
     Route("/endpoints/{endpoint}/invocations", sagemaker, methods=["POST"]),

@@ -143,16 +143,24 @@ def test_jwt_without_tenant_claim_is_403(gateway, jwt_keys):
     assert "no 'tenant' claim" in info.value.message
 
 
-def test_unknown_tenant_without_default_is_403(tmp_path, upstreams, dead_port, jwt_keys):
+def test_unknown_tenant_without_default_is_403_and_jwks_from_a_url(tmp_path, upstreams, dead_port, jwt_keys):
     from gateway_harness import Gateway, gateway_config
     config = gateway_config("memory", upstreams, dead_port, jwt_keys["jwks_file"])
     del config["tenants"]["default"]
+    # This gateway fetches its keys from the identity provider's URL instead of a file.
+    with open(jwt_keys["jwks_file"]) as f:
+        upstreams.set("jwks", keys=json.load(f)["keys"])
+    del config["jwt"]["jwks_file"]
+    config["jwt"]["jwks_url"] = upstreams.base + "/jwks"
     gw = Gateway(tmp_path, config).start()
     try:
         with pytest.raises(openai.PermissionDeniedError) as info:
             gw.client(mint(jwt_keys, "stranger")).chat.completions.create(**CHAT)
         assert "tenant 'stranger' is not configured and this gateway has no default tenant" \
             in info.value.message
+        assert gw.client(mint(jwt_keys, "acme", "ES256")).chat.completions.create(**CHAT).usage
+        with pytest.raises(openai.AuthenticationError):
+            gw.client(mint(jwt_keys, "acme", aud="other")).chat.completions.create(**CHAT)
         # The embedded default store: a key made by admin works on the one-process server.
         key = gw.create_key("acme")
         assert gw.client(key["key"]).chat.completions.create(**CHAT).usage.completion_tokens == 3
