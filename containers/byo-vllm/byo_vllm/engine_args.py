@@ -64,12 +64,12 @@ def engine_argv(settings: ServerSettings, parser: argparse.ArgumentParser) -> li
             problems.append(f"{arg.source} is empty but {arg.name} needs a value")
             continue
         try:
-            if action.type is not None and value != "":
-                action.type(value)
+            # Typed as the flag is (choices of max_lora_rank are ints: "8" must match 8).
+            typed = action.type(value) if action.type is not None and value != "" else value
         except (ValueError, TypeError, argparse.ArgumentTypeError) as e:
             problems.append(f"{arg.source}={value!r} is not a valid {arg.name}: {e}")
             continue
-        if action.choices is not None and value not in action.choices:
+        if action.choices is not None and typed not in action.choices:
             problems.append(f"{arg.source}={value!r}: {arg.name} must be one of "
                             f"{', '.join(map(str, action.choices))}")
             continue
