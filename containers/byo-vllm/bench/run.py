@@ -3,8 +3,8 @@ from-scratch server (c, baseline only), same tiny model, same engine settings, s
 
 Servers run one at a time (two engines on two cores disturb each other), in rounds whose
 order alternates (a b c, c b a, a b c ...), so drift in the machine's load hits every server
-alike. Each server is judged by its best round (noise only slows a run down), and the spread
-of its own rounds is printed beside every ratio.
+alike. Each figure is the median of a server's rounds, with the spread of its own rounds
+beside it; ratios are of medians.
 
 Client: streaming ``POST /v1/completions`` with ``ignore_eos`` and fixed output length.
 Metrics follow ``vllm bench serve``: TTFT = first content chunk; TPOT = (E2E − TTFT) /
@@ -102,9 +102,19 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=kv_gib)
     log = log_dir / f"{name}-{time.strftime('%H%M%S')}.log"
     port = free_port()
-    if name == "byo" or name.startswith("byo@"):
+    if name.startswith("byo@git:"):
+        # "byo@git:REV": this server as it was at git revision REV, to measure a change
+        # against what it replaced in the same alternating rounds.
+        rev = name[len("byo@git:"):]
+        local = _ServerAtRevision(_worktree(rev), {
+            "HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+            "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib},
+            port=port, log_path=log)
+        local.start()
+        server = Server(name, f"(a') this server at {rev}", local.process, port, local, log)
+    elif name == "byo" or name.startswith("byo@"):
         # "byo@KEY=VALUE+KEY=VALUE": this server with extra settings, to A/B a setting in one
-        # run (e.g. byo@SPECTRUM_SERVER_GIL_SWITCH_MS=1).
+        # run (e.g. byo@SPECTRUM_SERVER_READ_TIMEOUT=5).
         variant = dict(item.split("=", 1) for item in name[4:].split("+") if item)
         local = LocalServer({"HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
                              "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib,
@@ -129,6 +139,24 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
         server = Server(name, label, proc, port, None, log)
     wait_healthy(server)
     return server
+
+
+def _worktree(rev: str) -> Path:
+    """A checkout of ``rev`` beside this one (made once, reused)."""
+    folder = Path("/tmp") / f"spectrum-bench-{rev.replace('/', '_').replace('~', '-')}"
+    if not (folder / "containers" / "byo-vllm" / "serve").is_file():
+        subprocess.run(["git", "-C", str(REPO), "worktree", "add", "--force", "--detach",
+                        str(folder), rev], check=True, capture_output=True)
+    return folder
+
+
+class _ServerAtRevision(LocalServer):
+    def __init__(self, checkout: Path, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.checkout = checkout
+
+    def command(self) -> list[str]:
+        return [self.python, str(self.checkout / "containers" / "byo-vllm" / "serve"), "serve"]
 
 
 def wait_healthy(server: Server, timeout_s: float = 400) -> None:
@@ -258,44 +286,46 @@ async def run_level(server: Server, model: str, concurrency: int, requests: int,
 
 
 # -- report -----------------------------------------------------------------------------------
-def best(runs: list[dict], key: str, higher: bool) -> float:
-    values = [r[key] for r in runs]
-    return max(values) if higher else min(values)
+def median(runs: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
 
 
 def spread(runs: list[dict], key: str) -> str:
+    """Half the range of a server's own rounds, relative to their median: a ratio between
+    two servers means something only where it is larger than both servers' spreads."""
     values = [r[key] for r in runs]
-    lo, hi = min(values), max(values)
-    return f"±{100 * (hi - lo) / (2 * ((hi + lo) / 2)):.0f}%" if hi + lo else "±0%"
+    mid = statistics.median(values)
+    return f"±{100 * (max(values) - min(values)) / (2 * mid):.0f}%" if mid else "±0%"
 
 
 def table(results: dict, concurrencies: list[int]) -> str:
     rows = ["| conc | server | out tok/s | TTFT p50 ms | TTFT p99 ms | TPOT p50 ms | "
-            "front-end CPU ms/token | tok/s vs (b) | TTFT p50 vs (b) | CPU/token vs (b) | "
-            "tok/s vs (c) |",
-            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+            "front-end CPU ms/token | tok/s vs (b) | TTFT p50 vs (b) | TTFT p99 vs (b) | "
+            "CPU/token vs (b) | tok/s vs (c) |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in concurrencies:
         per = {name: [r for r in runs if r["concurrency"] == c] for name, runs in results.items()}
         ref_b, ref_c = per.get("vllm"), per.get("naive")
         for name, runs in per.items():
             if not runs:
                 continue
-            tok = best(runs, "output_tok_s", True)
-            ttft50 = best(runs, "ttft_ms_p50", False)
-            cpu = best(runs, "frontend_cpu_ms_per_token", False)
+            tok = median(runs, "output_tok_s")
+            ttft50, ttft99 = median(runs, "ttft_ms_p50"), median(runs, "ttft_ms_p99")
+            cpu = median(runs, "frontend_cpu_ms_per_token")
             cells = [str(c), runs[0]["label"],
                      f"{tok:.0f} ({spread(runs, 'output_tok_s')})",
                      f"{ttft50:.1f} ({spread(runs, 'ttft_ms_p50')})",
-                     f"{best(runs, 'ttft_ms_p99', False):.1f}",
-                     f"{best(runs, 'tpot_ms_p50', False):.2f}",
+                     f"{ttft99:.1f} ({spread(runs, 'ttft_ms_p99')})",
+                     f"{median(runs, 'tpot_ms_p50'):.2f}",
                      f"{cpu:.3f} ({spread(runs, 'frontend_cpu_ms_per_token')})"]
             if ref_b and name != "vllm":
-                cells += [f"{tok / best(ref_b, 'output_tok_s', True):.2f}×",
-                          f"{ttft50 / best(ref_b, 'ttft_ms_p50', False):.2f}×",
-                          f"{cpu / best(ref_b, 'frontend_cpu_ms_per_token', False):.2f}×"]
+                cells += [f"{tok / median(ref_b, 'output_tok_s'):.2f}×",
+                          f"{ttft50 / median(ref_b, 'ttft_ms_p50'):.2f}×",
+                          f"{ttft99 / median(ref_b, 'ttft_ms_p99'):.2f}×",
+                          f"{cpu / median(ref_b, 'frontend_cpu_ms_per_token'):.2f}×"]
             else:
-                cells += ["", "", ""]
-            cells.append(f"{tok / best(ref_c, 'output_tok_s', True):.1f}×"
+                cells += ["", "", "", ""]
+            cells.append(f"{tok / median(ref_c, 'output_tok_s'):.1f}×"
                          if ref_c and name != "naive" else "")
             rows.append("| " + " | ".join(cells) + " |")
     return "\n".join(rows)
@@ -303,9 +333,9 @@ def table(results: dict, concurrencies: list[int]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description="byo server vs vLLM's server vs naive")
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--servers", default="byo,vllm,naive")
-    parser.add_argument("--concurrency", default="1,8,32")
+    parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--prompt-words", type=int, default=32)
     parser.add_argument("--requests-per-user", type=int, default=6,
