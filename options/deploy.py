@@ -25,7 +25,7 @@ from options.local_target import DEFAULT_PROMPT, sample_request
 from options.output import Console, emit, format_answer, print_plan
 from options.plan import Plan
 from options.sagemaker import progress_to_stderr
-from options.spectrum import RUNGS, UnknownLevel, rung, rung_module
+from options.spectrum import RUNGS, UnknownLevel, check_target, rung, rung_module
 EXAMPLES = """examples:
   python -m options.deploy --level 3                          serve the tiny model locally, one sample
   python -m options.deploy --level 3 --plan                   what --target aws would send (nothing sent)
@@ -148,9 +148,9 @@ def run_cloud(module, spec, args, say: Console, target) -> dict[str, Any]:
     say(f"Level {args.level} — {rung(args.level).name}, on {target.describe()}")
     say(f"applying {len(plan.steps)} step(s)")
     deployment = module.apply(plan, target)
-    summary.update(endpoint=getattr(deployment, "endpoint_name", None),
-                   created=getattr(deployment, "created", []), reused=getattr(deployment, "reused", []))
-    say(f"InService: {summary['endpoint']} ({getattr(deployment, 'elapsed_s', 0):.1f} s)")
+    summary.update(endpoint=deployment.endpoint_name, created=deployment.created,
+                   reused=deployment.reused)
+    say(f"InService: {summary['endpoint']} ({deployment.elapsed_s:.1f} s)")
 
     request = sample_request(args)
     if target.kind == "emulator":
@@ -180,7 +180,7 @@ def _queue_emulator_answer(target, deployment, request) -> None:
     from options import contract
     from options.aws import queue_emulator_result
 
-    dialect = contract.dialect(getattr(deployment, "dialect", "openai-chat"))
+    dialect = contract.dialect(deployment.dialect)
     canned = contract.Result(text=f"(emulator) canned answer to: {request.prompt}", finish_reason="stop",
                              usage=contract.Usage(input_tokens=8, output_tokens=8))
     queue_emulator_result(target.endpoint_url, target.region, json.dumps(dialect.result_to_wire(canned)))
@@ -196,8 +196,9 @@ def _print_next_steps(args, summary: dict, plan: Plan, say: Console) -> None:
             f"(${summary['hourly_usd'] * HOURS_PER_MONTH:,.0f}/month)")
     say(f"invoke:   {base} --invoke 'Hello'")
     say(f"status:   {base} --status")
-    if rung(args.level).billed == "per token":   # nothing was created: nothing runs up a bill
-        say("billing:  per token, per call; there is nothing to remove")
+    r = rung(args.level)
+    if not r.can.creates_resources:      # nothing was created: nothing runs up a bill
+        say(f"billing:  {r.billed}, per call; there is nothing to remove")
     else:
         say(f"remove:   {base} --down     (it bills by the hour until you do)")
 
@@ -253,13 +254,11 @@ def main(argv: list[str] | None = None) -> int:
             removed = module.down(spec, _target(args))
             if args.json:
                 print(json.dumps({"removed": removed}, indent=2))
-            elif args.level in (3, 4, 5):
-                say("kept: uploaded artifacts (s3://spectrum-artifacts-<region>-<account>/) and the ECR "
-                    "repository, if this rung made any: storage, not instance-hours")
             return 0
         if args.target == "local":
             return module.run_local(spec, args)
         if args.target == "emulator":
+            check_target(args.level, args.target)
             return run_emulator(module, spec, args, say)
         return _finish(run_cloud(module, spec, args, say, _target(args)), say)
     except (BadInput, UnknownLevel) as exc:

@@ -34,13 +34,22 @@ def print_local_only(plan: Plan, args: argparse.Namespace, why: str) -> int:
     return 0
 
 
-def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, dialect: str,
-                  what: str, source) -> int:
-    """Start the bring-your-own server with ``env``, send one sample, then serve until Ctrl-C."""
+def serve_rung_locally(level: int, local_server, args: argparse.Namespace, source) -> int:
+    """``run_local`` of a rung that serves here: its ``local_server(spec)`` gives the server's
+    environment (held for as long as the server runs) and what it runs."""
+    with local_server as (env, what):
+        return serve_locally(env, args, level=level, what=what, source=source)
+
+
+def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, what: str,
+                  source) -> int:
+    """Start the bring-your-own server with ``env``, send one sample in the rung's dialect, then
+    serve until Ctrl-C."""
     from options.contract import Request, collect, invoke_http
     from options.local_server import LocalServer
 
     say = Console(args.json)
+    dialect = rung(level).can.dialect
     say(f"Level {level} — {rung(level).name}, on this machine: {what}")
     if source.tiny:
         say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "

@@ -44,3 +44,19 @@ class Plan:
         if self.notes:
             out["notes"] = list(self.notes)
         return out
+
+
+@dataclass
+class Deployment:
+    """What ``apply`` returns at every rung: where requests go, in which dialect, and what the
+    run made. The deploy CLI reads these fields and nothing rung-specific."""
+    level: int
+    endpoint_name: str            # what requests address: a SageMaker endpoint, a Bedrock model
+                                  # id, an EKS cluster/namespace/name
+    target: Any                   # options.aws.Target
+    dialect: str                  # the wire dialect invoke speaks (options.core.wire)
+    created: list[str] = field(default_factory=list)   # what this run made
+    reused: list[str] = field(default_factory=list)    # what already existed
+    elapsed_s: float = 0.0
+    base_url: str | None = None   # an HTTP address, where the rung has one (EKS: its edge)
+    extra: dict[str, Any] = field(default_factory=dict)   # what only the rung's invoke reads

@@ -22,12 +22,12 @@ import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from options.core import BadInput
-from options.plan import Plan, Step
+from options.core import BadInput, rung
+from options.plan import Deployment, Plan, Step
 
 VARIANT = "AllTraffic"
 ACCOUNT_PLACEHOLDER = "<account-id>"
@@ -324,17 +324,6 @@ def endpoint_name_of(plan: Plan) -> str:
 
 # ----------------------------------------------------------------------------------- apply
 
-@dataclass
-class Deployment:
-    level: int
-    endpoint_name: str
-    target: Any                            # options.aws.Target
-    created: list[str] = field(default_factory=list)   # what this run made
-    reused: list[str] = field(default_factory=list)    # what already existed
-    elapsed_s: float = 0.0
-    dialect: str = "sagemaker"             # how invoke() talks to it (options.contract)
-
-
 def _resolve_account(obj: Any, account: str) -> Any:
     if isinstance(obj, str):
         return obj.replace(ACCOUNT_PLACEHOLDER, account)
@@ -495,8 +484,7 @@ def apply_plan(plan: Plan, target, progress: Progress = say, *, poll_s: float | 
     steps = resolve_plan(plan, target)
     poll_s = poll_s if poll_s is not None else (15.0 if target.kind == "aws" else 0.2)
     done: list[Step] = []
-    deployment = Deployment(plan.level, endpoint_name_of(plan), target,
-                            dialect=plan.extra.get("dialect", "sagemaker"))
+    deployment = Deployment(plan.level, endpoint_name_of(plan), target, rung(plan.level).can.dialect)
     start = time.monotonic()
     try:
         for step in steps:
@@ -709,4 +697,7 @@ def rung_status(spec, target) -> dict[str, Any]:
 
 
 def rung_down(spec, target) -> list[str]:
-    return down(spec.name, target)
+    removed = down(spec.name, target)
+    say("kept: uploaded artifacts (s3://spectrum-artifacts-<region>-<account>/) and the ECR "
+        "repository, if this rung made any: storage, not instance-hours")
+    return removed

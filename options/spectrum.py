@@ -9,6 +9,7 @@ import importlib
 from types import ModuleType
 from typing import Any, Iterator, Protocol
 
+from options.core import BadInput
 from options.core.rungs import LEVELS, RUNGS, Capabilities, Rung, UnknownLevel, rung  # noqa: F401
 from options.plan import Plan
 
@@ -38,6 +39,15 @@ class RungModule(Protocol):
     def invoke(self, deployment: Any, request: Any) -> Any | Iterator[Any]: ...
     def status(self, spec: Any, target: Any) -> dict: ...
     def down(self, spec: Any, target: Any) -> list[str]: ...
+
+
+def check_target(level: int, kind: str) -> None:
+    """The one place that says whether a rung runs on a target; BadInput with the reason if not."""
+    r = rung(level)
+    if kind == "emulator" and not r.can.has_emulator:
+        raise BadInput(f"level {level} ({r.name}) has no emulator: {r.can.reason('has_emulator')}; "
+                       "use --target aws (python -m options.deploy --level "
+                       f"{level} --plan shows its requests and cost)")
 
 
 VERBS = ("add_arguments", "spec_from_args", "run_local", "plan", "apply", "invoke", "status", "down")

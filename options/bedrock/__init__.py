@@ -8,12 +8,13 @@ from __future__ import annotations
 import argparse
 import json
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
 from options.contract import BedrockConverse, Request, Result, StreamEvent
-from options.core import BadInput
-from options.plan import Plan, Step
+from options.core import BadInput, rung
+from options.plan import Deployment, Plan, Step
+from options.spectrum import check_target
 
 LEVEL = 1
 DEFAULT_MODEL = "amazon.nova-micro-v1:0"
@@ -39,33 +40,6 @@ class BedrockSpec:
         return Request(prompt=prompt or self.prompt, system=self.system, max_tokens=self.max_tokens,
                        temperature=self.temperature, top_p=self.top_p, stop=self.stop,
                        stream=self.stream, model=self.model_id)
-
-
-@dataclass
-class BedrockDeployment:
-    """What ``apply`` returns: where requests go. Nothing behind it bills while idle."""
-    spec: BedrockSpec
-    target: Any
-    region: str = DEFAULT_REGION
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    # What the deploy CLI reports for every rung: here nothing was created and nothing waited.
-    created: list[str] = field(default_factory=list)
-    reused: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-
-    @property
-    def model_id(self) -> str:
-        return self.spec.model_id
-
-    @property
-    def endpoint_name(self) -> str:
-        """Where requests go: the model id (or inference profile) itself."""
-        return self.spec.model_id
-
-    def to_json(self) -> dict[str, Any]:
-        return {"level": LEVEL, "model_id": self.model_id, "region": self.region,
-                "target": getattr(self.target, "kind", None), "resources": []}
 
 
 # --- RungModule ---------------------------------------------------------------------------------
@@ -162,17 +136,15 @@ def run_local(spec: BedrockSpec, args: argparse.Namespace) -> int:
     return 0
 
 
-def apply(plan: Plan, target: Any) -> BedrockDeployment:
+def apply(plan: Plan, target: Any) -> Deployment:
+    """Nothing to create: the deployment is where requests go (the model, in the region)."""
     spec: BedrockSpec = plan.extra["spec"]
-    if getattr(target, "kind", None) == "emulator":
-        # moto has no Bedrock runtime (no Converse), so there is nothing to exercise there.
-        raise BadInput("level 1 has no emulator: the local AWS emulator (moto) does not implement "
-                       "Bedrock's Converse. See the request and its cost with --plan, or send it "
-                       "with --target aws")
+    check_target(LEVEL, target.kind)
     region = getattr(target, "region", None) or spec.region
     if region != spec.region:
         spec = replace(spec, region=region)
-    return BedrockDeployment(spec=spec, target=target, region=region)
+    return Deployment(LEVEL, spec.model_id, target, rung(LEVEL).can.dialect,
+                      extra={"spec": spec})
 
 
 def _runtime_client(target: Any):
@@ -180,11 +152,11 @@ def _runtime_client(target: Any):
     return target.client("bedrock-runtime", config=retry_config())
 
 
-def invoke(deployment: BedrockDeployment, request: Request) -> Result | Iterator[StreamEvent]:
+def invoke(deployment: Deployment, request: Request) -> Result | Iterator[StreamEvent]:
     """Send ``request``; the deployment's model, system prompt, top-p and stops fill what it leaves out."""
     from options.bedrock.client import BedrockClient
 
-    spec = deployment.spec
+    spec = deployment.extra["spec"]
     request = replace(request, model=request.model or spec.model_id,
                       system=request.system if request.system is not None else spec.system,
                       top_p=request.top_p if request.top_p is not None else spec.top_p,

@@ -18,11 +18,11 @@ import time
 import urllib.request
 from typing import Any, Iterator
 
-from options.core import BadInput
+from options.core import BEDROCK, OPENAI_COMPLETIONS, BadInput, rung
+from options.core.wire import DIALECTS
 
 EXAMPLES = __doc__.split("\n\n")[1]
 TARGETS = ("local", "emulator", "aws")
-DIALECTS = ("openai-completions", "openai-chat", "tgi")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,8 +38,13 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--model", help="model name the server expects, or the Bedrock model id; "
                        "with --target local and no --url: the model the started server loads "
                        "(default: the built-in tiny model)")
-    where.add_argument("--dialect", choices=DIALECTS,
-                       help="request body dialect (default: openai-completions; tgi for level 2)")
+    where.add_argument("--dialect", choices=[d for d in DIALECTS if d != "bedrock"],
+                       help="request body dialect (default: the rung's own, e.g. tgi for levels "
+                            "2-4; openai-completions without --level)")
+    where.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                       help="with --target local and --level 3-5: the rung's engine option, as "
+                            "python -m options.deploy takes it, e.g. --level 3 --option "
+                            "OPTION_MAX_ROLLING_BATCH_SIZE=16 (the server runs that LMI configuration)")
     where.add_argument("--region", default="us-east-1")
     where.add_argument("--endpoint-url", help="AWS endpoint override (an emulator's URL)")
     load = p.add_argument_group("traffic profile")
@@ -86,17 +91,24 @@ def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, 
     """The send function for the chosen target, and how it was reached (for the JSON's details)."""
     from options.bench import runner
 
+    from options.spectrum import check_target
+
     level = args.level
-    if level is not None and level not in range(1, 7):
-        raise BadInput(f"--level {level} is not a rung: choose 1-6")
-    dialect = args.dialect or ("tgi" if level == 2 else "openai-completions")
+    if level is not None:
+        rung(level)                      # UnknownLevel (bad input) names the rungs
+    dialect = args.dialect or (rung(level).can.dialect if level else OPENAI_COMPLETIONS)
     if args.url:
         yield runner.http_target(args.url, dialect, args.path, args.timeout), \
             {"url": args.url, "path": args.path, "dialect": dialect, "served_model": served_model(args.url)}
         return
-    if level == 1:
-        if args.target == "local":
-            raise BadInput("level 1 (Bedrock) runs only in AWS: use --target aws")
+    if level is not None and args.target == "local" and not rung(level).can.serves_locally:
+        raise BadInput(f"level {level} ({rung(level).name}) does not serve on this machine: "
+                       f"{rung(level).can.reason('serves_locally')}. Measure it with --target aws, "
+                       "or give the --url of a server you reach (e.g. an EKS service through "
+                       "kubectl port-forward)")
+    if level is not None:
+        check_target(level, args.target)
+    if _is_bedrock(level):
         from options.aws import Target
         from options.bedrock.client import retry_config
         client = Target(args.target, args.region, args.endpoint_url).client(
@@ -112,8 +124,6 @@ def open_target(args: argparse.Namespace, say) -> Iterator[tuple[Any, dict[str, 
         yield runner.sagemaker_target(client, args.endpoint, dialect), \
             {"endpoint": args.endpoint, "region": args.region, "dialect": dialect}
         return
-    if level == 6:
-        raise BadInput("level 6 runs on EKS: give the service's --url (e.g. from kubectl port-forward)")
     with _local_server(args, say) as url:
         yield runner.http_target(url, dialect, args.path, args.timeout), \
             {"url": url, "dialect": dialect, "server": "started by the bench (containers/byo-vllm)",
@@ -129,20 +139,40 @@ def served_model(base_url: str) -> str | None:
         return None
 
 
+def _is_bedrock(level: int | None) -> bool:
+    return level is not None and rung(level).can.dialect == BEDROCK
+
+
+@contextlib.contextmanager
+def _server_env(args: argparse.Namespace) -> Iterator[tuple[dict[str, str], str]]:
+    """The local server's environment: with --level N, what rung N runs here (level 3: its LMI
+    configuration; 4: model.py; 5: the image's own server); without it, the plain server."""
+    if args.level is None:
+        if args.option:
+            raise BadInput("--option configures a rung's server: give --level 3, 4 or 5 with it")
+        from options.tiny_model import tiny_model_dir
+        model = args.model or str(tiny_model_dir())
+        yield {"HF_MODEL_ID": model}, f"the bring-your-own server with {model}"
+        return
+    from options.deploy import parse_args
+    from options.spectrum import rung_module
+
+    module = rung_module(args.level)
+    deploy_args = parse_args(["--level", str(args.level), "--target", "local"]
+                             + (["--model", args.model] if args.model else [])
+                             + [f"--option={o}" for o in args.option])
+    with module.local_server(module.spec_from_args(deploy_args)) as served:
+        yield served
+
+
 @contextlib.contextmanager
 def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
     """Start the bring-your-own server on this machine for the run, and stop it after."""
     from options.local_server import LocalServer
 
-    if args.model:
-        model = args.model
-    else:
-        from options.tiny_model import tiny_model_dir
-        model = str(tiny_model_dir())
     logs = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.join(logs, f"bench-server-{int(time.time())}.log")
-    say(f"starting the local server with {model} (log: {log_path}; stopped when the bench ends)")
     seen: set[str] = set()
 
     def progress(elapsed_s: float, state: str) -> None:
@@ -150,14 +180,15 @@ def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
             seen.add(state)
             say(f"  {elapsed_s:5.0f} s  {state}")
 
-    with LocalServer({"HF_MODEL_ID": model}, log_path=log_path) as server:
+    with _server_env(args) as (env, what), LocalServer(env, log_path=log_path) as server:
+        say(f"starting the local server: {what} (log: {log_path}; stopped when the bench ends)")
         server.wait_ready(600, on_progress=progress)
         yield server.url
 
 
 def request_model(args: argparse.Namespace) -> str | None:
     """The model name each request carries: Bedrock needs one; a server started here needs none."""
-    if args.level == 1 and not args.url:
+    if _is_bedrock(args.level) and not args.url:
         from options.bedrock import DEFAULT_MODEL
         return args.model or DEFAULT_MODEL
     if args.url or args.target != "local":

@@ -9,8 +9,10 @@ own entrypoint script, with the same environment the image gets.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 from options import sagemaker as sm
 from options.core import BadInput, mask_secrets
@@ -21,7 +23,6 @@ from options.sagemaker import rung_apply as apply, rung_down as down, rung_invok
 
 LEVEL = 5
 DEFAULT_INSTANCE = "ml.g5.xlarge"
-DIALECT = "openai-completions"
 REPOSITORY = "spectrum-byo-vllm"
 BUILD_CONTEXT = Path(__file__).resolve().parents[2] / "containers" / "byo-vllm"
 # Env the server reads as-is; anything else given with --option becomes an SM_VLLM_* engine flag.
@@ -126,13 +127,12 @@ def plan(spec: ByoImageSpec) -> Plan:
         notes.append("the image is built here and pushed when a Docker daemon runs; otherwise the "
                      "commands are printed and --image-uri continues from an image you pushed")
     return Plan(LEVEL, spec.pre_steps + sm.endpoint_steps(e),
-                cost=sm.cost_line(e.instance_type, e.instance_count), notes=notes,
-                extra={"dialect": DIALECT})
+                cost=sm.cost_line(e.instance_type, e.instance_count), notes=notes)
 
 
-def run_local(spec: ByoImageSpec, args: argparse.Namespace) -> int:
-    from options.local_target import serve_locally
-
+@contextmanager
+def local_server(spec: ByoImageSpec) -> Iterator[tuple[dict[str, str], str]]:
+    """The image's own server environment, and what it is."""
     env = dict(spec.env)
     if spec.source.hub_id:
         env["HF_MODEL_ID"] = spec.source.hub_id
@@ -140,5 +140,9 @@ def run_local(spec: ByoImageSpec, args: argparse.Namespace) -> int:
         env["SM_VLLM_MODEL"] = str(spec.source.local_folder())
     shown = " ".join(f"{k}={v}" for k, v in mask_secrets(env).items() if k != "SM_VLLM_MODEL") \
         or "(defaults)"
-    return serve_locally(env, args, level=LEVEL, dialect=DIALECT,
-                         what=f"the image's own server with {shown}", source=spec.source)
+    yield env, f"the image's own server with {shown}"
+
+
+def run_local(spec: ByoImageSpec, args: argparse.Namespace) -> int:
+    from options.local_target import serve_rung_locally
+    return serve_rung_locally(LEVEL, local_server(spec), args, spec.source)

@@ -10,9 +10,10 @@ from __future__ import annotations
 import argparse
 import shutil
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Iterator
 
 from options import sagemaker as sm
 from options.core import is_secret_name
@@ -23,7 +24,6 @@ from options.sagemaker import rung_apply as apply, rung_down as down, rung_invok
 
 LEVEL = 4
 DEFAULT_INSTANCE = "ml.g5.xlarge"
-DIALECT = "lmi"
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -114,20 +114,23 @@ def plan(spec: CustomCodeSpec) -> Plan:
              f"({spec.tarball.stat().st_size / 1e6:.1f} MB)"]
     return Plan(LEVEL, spec.pre_steps + sm.endpoint_steps(e),
                 cost=sm.cost_line(e.instance_type, e.instance_count), notes=notes,
-                extra={"dialect": DIALECT, "serving_properties": serving_properties(spec.properties)})
+                extra={"serving_properties": serving_properties(spec.properties)})
 
 
-def run_local(spec: CustomCodeSpec, args: argparse.Namespace) -> int:
-    from options.local_target import serve_locally
-
+@contextmanager
+def local_server(spec: CustomCodeSpec) -> Iterator[tuple[dict[str, str], str]]:
+    """The model folder packaged with model.py, staged for the local server while it runs."""
     work = package_dir()
     work.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="local-", dir=work))
     try:
         folder = prepare(spec.source, spec.properties, staging / "model")
-        env: dict[str, Any] = {"HF_MODEL_ID": str(folder), **spec.secret_env}
-        return serve_locally(env, args, level=LEVEL, dialect=DIALECT,
-                             what=f"model.py handler from {folder} (serving.properties beside it)",
-                             source=spec.source)
+        yield ({"HF_MODEL_ID": str(folder), **spec.secret_env},
+               f"model.py handler from {folder} (serving.properties beside it)")
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def run_local(spec: CustomCodeSpec, args: argparse.Namespace) -> int:
+    from options.local_target import serve_rung_locally
+    return serve_rung_locally(LEVEL, local_server(spec), args, spec.source)

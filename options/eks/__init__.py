@@ -16,12 +16,12 @@ import argparse
 import os
 import shlex
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from options.core import BadInput
-from options.plan import Plan, Step
+from options.core import BadInput, rung
+from options.plan import Deployment, Plan, Step
 
 LEVEL = 6
 DEFAULT_OUT = "out"
@@ -33,21 +33,6 @@ class Level6Spec:
     eks: Any                      # infra.eks.spec.EksSpec
     out_dir: str
     notes: tuple[str, ...] = ()   # things the CLI filled in for the user
-
-
-@dataclass
-class EksDeployment:
-    kind: str                     # "emulator" | "aws"
-    cluster: str
-    namespace: str
-    name: str
-    endpoint_name: str            # what the deploy CLI prints
-    created: list[str] = field(default_factory=list)
-    reused: list[str] = field(default_factory=list)
-    elapsed_s: float = 0.0
-    base_url: str | None = None   # the edge's address, once it has one
-    model: str = ""
-    dialect: str = "openai-chat"
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -343,7 +328,7 @@ def _say(text: str) -> None:
     say(text)
 
 
-def apply(p: Plan, target) -> EksDeployment:
+def apply(p: Plan, target) -> Deployment:
     from infra.eks import eks_api
     from infra.eks.kube import apply_manifests
 
@@ -352,9 +337,9 @@ def apply(p: Plan, target) -> EksDeployment:
     out_dir = Path(p.extra["out_dir"])
     rendered.write(out_dir)
     started = time.monotonic()
-    deployment = EksDeployment(target.kind, r.cluster_name, r.namespace, r.name,
-                               endpoint_name=f"{r.cluster_name}/{r.namespace}/{r.name}",
-                               model=r.model)
+    deployment = Deployment(LEVEL, f"{r.cluster_name}/{r.namespace}/{r.name}", target,
+                            rung(LEVEL).can.dialect,
+                            extra={"namespace": r.namespace, "name": r.name, "model": r.model})
     eks = target.client("eks")
     created_cluster = False
     _say(f"cluster {r.cluster_name} ({r.region}):")
@@ -454,16 +439,17 @@ def _edge_address(api, r) -> str | None:
     return f"http://{addresses[0]}" if addresses and addresses[0] else None
 
 
-def invoke(deployment: EksDeployment, request):
+def invoke(deployment: Deployment, request):
     from options.contract import Request, Result, Usage, invoke_http
 
-    if deployment.kind == "emulator":
+    if deployment.target.kind == "emulator":
         text = f"(emulator) no model runs on the in-memory cluster; it would answer: {request.prompt or ''}"
         return Result(text=text, finish_reason="stop", usage=Usage(input_tokens=0, output_tokens=0))
     if not deployment.base_url:
         raise RuntimeError(f"the edge of {deployment.endpoint_name} has no address yet: check "
-                           f"kubectl -n {deployment.namespace} get gateway,ingress {deployment.name}")
-    request = Request(**{**request.__dict__, "model": request.model or deployment.model})
+                           f"kubectl -n {deployment.extra['namespace']} get gateway,ingress "
+                           f"{deployment.extra['name']}")
+    request = Request(**{**request.__dict__, "model": request.model or deployment.extra["model"]})
     return invoke_http(deployment.base_url, request, deployment.dialect)
 
 

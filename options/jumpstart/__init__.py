@@ -25,7 +25,6 @@ from options.sagemaker import rung_apply as apply, rung_down as down, rung_invok
 
 LEVEL = 2
 DEFAULT_MODEL = "huggingface-llm-mistral-7b-instruct"
-DIALECT = "tgi"
 SPECS_DIR = Path(__file__).with_name("specs")
 SDK_CONFIG = Path(__file__).with_name("sdk-config.yaml")
 MANIFEST_ENV = "AWS_JUMPSTART_MANIFEST_LOCAL_ROOT_DIR_OVERRIDE"
@@ -157,7 +156,7 @@ def plan(spec: JumpStartSpec) -> Plan:
     if spec.eula_url:
         notes.append(f"gated model: licence accepted with --accept-eula ({spec.eula_url})")
     return Plan(LEVEL, sm.endpoint_steps(e), cost=sm.cost_line(e.instance_type, e.instance_count),
-                notes=notes, extra={"dialect": DIALECT})
+                notes=notes)
 
 
 def run_local(spec: JumpStartSpec, args: argparse.Namespace) -> int:

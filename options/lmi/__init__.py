@@ -7,8 +7,9 @@ deploys the LMI image with those settings, after checking they fit the instance.
 from __future__ import annotations
 
 import argparse
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from options import sagemaker as sm
 from options.core import BadInput, mask_secrets
@@ -19,7 +20,6 @@ from options.sagemaker import rung_apply as apply, rung_down as down, rung_invok
 
 LEVEL = 3
 DEFAULT_INSTANCE = "ml.g5.xlarge"
-DIALECT = "lmi"
 
 
 def add_arguments(group: argparse._ArgumentGroup) -> None:
@@ -132,19 +132,23 @@ def plan(spec: LmiSpec) -> Plan:
     if e.role_arn == sm.DEFAULT_ROLE_ARN:
         notes.append("execution role: the default name; give --role-arn if yours differs")
     return Plan(LEVEL, spec.upload + sm.endpoint_steps(e), cost=sm.cost_line(e.instance_type, e.instance_count),
-                notes=notes, extra={"dialect": DIALECT, "serving_properties": spec.config.serving_properties()})
+                notes=notes, extra={"serving_properties": spec.config.serving_properties()})
 
 
-def run_local(spec: LmiSpec, args: argparse.Namespace) -> int:
-    from options.local_target import serve_locally
+@contextmanager
+def local_server(spec: LmiSpec) -> Iterator[tuple[dict[str, str], str]]:
+    """The local server's environment for this LMI configuration, and what it is."""
     from options.lmi.config import LmiConfig
 
     folder = spec.source.local_folder() if spec.source.hub_id is None else None
     config = LmiConfig(str(folder) if folder else spec.source.hub_id, spec.config.options,
                        spec.config.plain_env)
-    return serve_locally(config.env(), args, level=LEVEL, dialect=DIALECT,
-                         what=f"LMI configuration {_options_line(config)} mapped onto vLLM",
-                         source=spec.source)
+    yield config.env(), f"LMI configuration {_options_line(config)} mapped onto vLLM"
+
+
+def run_local(spec: LmiSpec, args: argparse.Namespace) -> int:
+    from options.local_target import serve_rung_locally
+    return serve_rung_locally(LEVEL, local_server(spec), args, spec.source)
 
 
 def _options_line(config) -> str:

@@ -9,6 +9,7 @@ from botocore.awsrequest import AWSResponse
 import pytest
 
 from options.contract import Request
+from options.core import rung
 from options.sagemaker import DeployFailed, apply_plan
 
 LEVEL_ARGS = {
@@ -44,7 +45,7 @@ def test_apply_status_invoke_down(level, target, build, inventory, queue_answer)
         assert held["repositories"] == ["spectrum-byo-vllm"]
 
     from options import contract
-    dialect = contract.dialect(plan.extra["dialect"])
+    dialect = contract.dialect(rung(level).can.dialect)
     queue_answer(dialect.result_to_wire(contract.Result(text=f"hello from level {level}",
                                                         finish_reason="stop")))
     result = module.invoke(deployment, Request(prompt="Hi", max_tokens=8))

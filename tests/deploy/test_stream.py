@@ -10,6 +10,7 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from options import contract
+from options.core import rung
 from options.deploy import main
 from options.sagemaker import apply_plan
 
@@ -64,7 +65,7 @@ def streamed_answers(botocore_events):
 @pytest.mark.parametrize("level", [3, 5])
 def test_stream_through_sagemaker_runtime(level, target, build, streamed_answers):
     module, _, plan = build("--level", str(level), "--target", "emulator")
-    streamed_answers(plan.extra["dialect"])
+    streamed_answers(rung(level).can.dialect)
     deployment = apply_plan(plan, target, lambda _: None)
     events = list(module.invoke(deployment, contract.Request(prompt="Why GPUs?", stream=True)))
     result = contract.collect(events)
