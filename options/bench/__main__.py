@@ -67,6 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="take one word as one token instead of measuring the target's tokenizer "
                            "(two unmeasured one-token requests)")
     load.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
+    from options.bench.program import add_arguments as add_program_arguments
+    add_program_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
     out.add_argument("--no-progress", action="store_true")
@@ -208,6 +210,9 @@ def main(argv: list[str] | None = None) -> int:
         template = Request(prompt="-", model=request_model(args), ignore_eos=args.ignore_eos,
                            temperature=args.temperature, stream=True)
         with open_target(args, say) as (send, details):
+            if args.profile == "agent":      # programs of serial steps: options/bench/program.py
+                from options.bench.program import bench_programs
+                return bench_programs(args, template, send, details, console)
             return _bench(args, profile, template, send, details, console)
     except BadInput as exc:
         console.print(f"[red]error:[/red] {exc}")
