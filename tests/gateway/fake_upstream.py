@@ -43,7 +43,11 @@ async def control(request: Request):
 
 
 def count_prompt(body: dict) -> int:
-    text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in body.get("messages", []))
+    messages = body.get("messages")
+    if body.get("prompt") is None and not (isinstance(messages, list)
+                                           and all(isinstance(m, dict) for m in messages)):
+        raise ValueError(f"messages must be a list of objects, got {messages!r}")
+    text = body.get("prompt") or " ".join(str(m.get("content", "")) for m in messages)
     return max(1, len(str(text).split()))
 
 
@@ -68,10 +72,13 @@ async def generate(request: Request):
             await asyncio.sleep(0.1)
         return JSONResponse({}, status_code=499)
     chat = request.url.path.endswith("/chat/completions")
+    try:                          # a bad body gets 400, as from a real server
+        prompt_tokens = count_prompt(body)
+    except ValueError as e:
+        return JSONResponse({"error": {"message": str(e)}}, status_code=400)
     n = int(body.get("max_tokens") or body.get("max_completion_tokens") or 16)
     if u.get("stop_after"):        # an answer that ends before max_tokens (unused reservation)
         n = min(n, int(u["stop_after"]))
-    prompt_tokens = count_prompt(body)
     tokens = [f"{name}:{i} " for i in range(n)]
     created = int(time.time())
     usage = {"prompt_tokens": prompt_tokens, "completion_tokens": n,

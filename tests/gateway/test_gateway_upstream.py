@@ -116,3 +116,19 @@ def test_malformed_json_is_400_and_unknown_routes_404(gateway, acme_key):
     assert "max_tokens must be a whole number >= 1, got -5" in info.value.message
     r = httpx.get(gateway.url + "/v1/nothing-here", headers=headers)
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error"
+
+
+@pytest.mark.parametrize("body", [
+    {"model": "chat", "messages": 5, "max_tokens": 2},
+    {"model": "chat", "messages": [{"role": "user", "content": ["odd"]}, 7], "max_tokens": 2},
+    {"model": "chat", "prompt": [1, 2, 3], "max_tokens": 2, "n": "two"},
+    {"model": "chat", "messages": HI, "max_tokens": 2, "stream": True, "stream_options": "yes"},
+    {"model": ["chat"], "messages": HI},
+    {"model": "chat", "messages": HI, "max_tokens": True},
+])
+def test_odd_bodies_get_an_answer_not_a_crash(gateway, acme_key, body):
+    headers = {"Authorization": f"Bearer {acme_key['key']}"}
+    r = httpx.post(gateway.url + "/v1/chat/completions", json=body, headers=headers, timeout=30)
+    assert r.status_code < 500, r.text
+    assert httpx.post(gateway.url + "/v1/chat/completions", headers=headers, timeout=30,
+                      json={"model": "chat", "messages": HI, "max_tokens": 1}).status_code == 200

@@ -91,7 +91,8 @@ def estimate_prompt_tokens(body: dict) -> int:
     """A generous estimate (3 characters a token, plus each message's framing): reserved
     before the call, corrected by the upstream's own count after it."""
     chars = 0
-    for message in body.get("messages") or []:
+    messages = body.get("messages")
+    for message in messages if isinstance(messages, list) else []:
         content = message.get("content") if isinstance(message, dict) else None
         if isinstance(content, str):
             chars += len(content)
@@ -135,6 +136,13 @@ class Gateway:
             from .managed import ManagedUpstreams
             self._managed = ManagedUpstreams(self.config)
         return self._managed
+
+    async def warm(self) -> None:
+        """Heavy imports and connections at start-up, so the first requests are not slow."""
+        await self.store.warm()
+        self.upstreams.session    # noqa: B018   imports aiohttp and opens the pool
+        if any(u.kind != "openai" for m in self.config.models.values() for u in m.upstreams):
+            await anyio.to_thread.run_sync(self.managed.warm)
 
     async def close(self) -> None:
         await self.upstreams.close()
@@ -183,12 +191,13 @@ class Gateway:
         call = Call(request_id, principal.tenant, principal.key_id)
         try:
             return await self._serve(request, path, principal, call)
-        except GatewayError as e:
+        except Exception as e:     # refused or failed: metered, and its reservation given back
             try:
-                await self.finish(call, e.status)
+                await self.finish(call, e.status if isinstance(e, GatewayError) else 500)
             except GatewayError:
                 pass          # the store is down: the request was refused, nothing to meter
-            e.headers.setdefault("x-request-id", request_id)
+            if isinstance(e, GatewayError):
+                e.headers.setdefault("x-request-id", request_id)
             raise
 
     async def _serve(self, request: Request, path: str, principal, call: Call):
@@ -213,6 +222,10 @@ class Gateway:
                    and limits.allows(name) else f"tenant {principal.tenant!r}")
             raise GatewayError(403, f"{who} may not use model {name!r}; models you may use: "
                                     f"{', '.join(allowed) or 'none'}", "model_not_allowed")
+        if not isinstance(body.get("stream_options") or {}, dict):
+            raise GatewayError(400, f"stream_options must be an object such as "
+                                    f"{{\"include_usage\": true}}, got {body['stream_options']!r}",
+                               "invalid_stream_options")
         call.stream = bool(body.get("stream"))
         order = attempts(model, principal.tenant)
 
@@ -377,7 +390,7 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_app):
-        await gateway.store.warm()
+        await gateway.warm()
         yield
         await gateway.close()
 

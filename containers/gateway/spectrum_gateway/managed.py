@@ -97,6 +97,16 @@ class ManagedUpstreams:
                                   read_timeout=self.config.upstream_timeout_s))
             return self._clients[key]
 
+    def warm(self) -> None:
+        """Import the contract and boto3 and make the clients now, not on the first request."""
+        _contract()
+        for model in self.config.models.values():
+            for u in model.upstreams:
+                if u.bedrock:
+                    self._client("bedrock-runtime", u.bedrock)
+                elif u.sagemaker:
+                    self._client("sagemaker-runtime", u.sagemaker)
+
     async def open(self, upstream: Upstream, path: str, body: dict, model_name: str,
                    request_id: str) -> ManagedResponse:
         contract = _contract()

@@ -106,9 +106,16 @@ class OpenAIUpstreams:
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key_env and os.environ.get(upstream.api_key_env):
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
+        data = json.dumps(body).encode()
         try:
-            raw = await self.session.post(self.url(upstream, path), data=json.dumps(body).encode(),
-                                          headers=headers)
+            try:
+                raw = await self.session.post(self.url(upstream, path), data=data, headers=headers)
+            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
+                if isinstance(e, aiohttp.ClientConnectorError):
+                    raise
+                # A pooled keep-alive connection the upstream had closed as it was reused:
+                # nothing was answered on it, so once more, on another connection.
+                raw = await self.session.post(self.url(upstream, path), data=data, headers=headers)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
             raise UpstreamFailure(upstream.name, "timeout", f"timed out ({type(e).__name__})")
         except aiohttp.ClientError as e:
