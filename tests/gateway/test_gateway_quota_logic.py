@@ -1,0 +1,82 @@
+"""The two quota implementations (one process; Redis's Lua) give the same answers."""
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import pytest
+
+from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on the path
+from spectrum_gateway.config import TenantLimits
+from spectrum_gateway.quota import MemoryQuota, RedisQuota, duration
+
+
+@pytest.fixture(params=["memory", "redis"])
+def quota(request, redis_server):
+    """Runs ``steps(quota)`` on a fresh quota of each kind, in one event loop."""
+    def run(steps):
+        async def go():
+            if request.param == "memory":
+                return await steps(MemoryQuota())
+            import redis.asyncio as aioredis
+            client = aioredis.Redis(port=redis_server.port)
+            try:
+                return await steps(RedisQuota(client, prefix=f"test-{uuid.uuid4().hex[:8]}"))
+            finally:
+                await client.aclose()
+        return asyncio.run(go())
+    return run
+
+
+def test_requests_per_minute(quota):
+    limits = TenantLimits("t", rpm=3)
+
+    async def go(q):
+        return [await q.reserve(limits, f"r{i}", 1, 0.0) for i in range(5)]
+    decisions = quota(go)
+    assert [d.allowed for d in decisions] == [True, True, True, False, False]
+    assert [d.headers()["x-ratelimit-remaining-requests"] for d in decisions] == ["2", "1", "0", "0", "0"]
+    denied = decisions[3]
+    assert denied.reason == "requests" and 59_000 < denied.retry_after_ms <= 60_000
+    assert denied.headers()["retry-after"] == "60"
+
+
+def test_tokens_reserved_then_settled(quota):
+    limits = TenantLimits("t", tpm=100)
+
+    async def go(q):
+        first = await q.reserve(limits, "a", 80, 0.0)
+        refused = await q.reserve(limits, "b", 30, 0.0)
+        await q.settle(limits, "a", -70, 0.0)            # used 10 of its 80
+        second = await q.reserve(limits, "b", 30, 0.0)
+        too_big = await q.reserve(limits, "c", 101, 0.0)
+        await q.settle(limits, "b", +5, 0.0)             # used 35: more than reserved
+        third = await q.reserve(limits, "d", 55, 0.0)
+        return first, refused, second, too_big, third
+    first, refused, second, too_big, third = quota(go)
+    assert first.allowed and first.headers()["x-ratelimit-remaining-tokens"] == "20"
+    assert not refused.allowed and refused.reason == "tokens" and refused.retry_after_ms > 59_000
+    assert second.allowed and second.tokens == 40
+    assert too_big.reason == "tokens_exceed_limit"
+    assert third.allowed and third.tokens == 100
+
+
+def test_concurrency_and_budget(quota):
+    limits = TenantLimits("t", max_concurrency=1, budget_usd_month=1.0)
+
+    async def go(q):
+        one = await q.reserve(limits, "a", 1, 0.6)
+        busy = await q.reserve(limits, "b", 1, 0.1)
+        await q.settle(limits, "a", 0, -0.1)              # cost 0.5 in the end
+        over = await q.reserve(limits, "c", 1, 0.6)
+        fits = await q.reserve(limits, "d", 1, 0.5)
+        return one, busy, over, fits
+    one, busy, over, fits = quota(go)
+    assert one.allowed and busy.reason == "concurrency" and busy.headers()["retry-after"] == "1"
+    assert over.reason == "budget" and over.spent_usd == pytest.approx(0.5)
+    assert "has spent $0.50 of its $1.00 this month" in over.message()
+    assert fits.allowed
+
+
+def test_reset_format():
+    assert [duration(ms) for ms in (250, 1500, 60_000, 61_500)] == ["250ms", "1.5s", "1m0s", "1m1.5s"]
