@@ -1,4 +1,4 @@
-"""python -m cost {prices,breakeven,compare,recommend}: which rung is cheapest for your traffic.
+"""python -m cost {prices,breakeven,compare,recommend,agent}: which rung is cheapest for your traffic.
 
 Exit codes: 0 ok, 1 failure (e.g. the Price List API unreachable), 2 bad input.
 """
@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
         prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend,agent}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
     p.add_argument("--kind", choices=("all", "bedrock", "instance", "eks"), default="all")
@@ -90,6 +90,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="climb past the tree's rung, one rung at a time, only if each step saves at least PCT %% "
                         "a month (default 30: more than SageMaker's usual premium over EC2)")
     r.set_defaults(handler=cmd_recommend)
+
+    a = sub.add_parser("agent", parents=[common], help="dollars per agent task on every rung, and the volume that flips it",
+                       description="One agent task priced on every rung, from its trace (python -m options.agent "
+                                   "--trace) or an agent bench (python -m options.bench --profile agent --json).")
+    from cost.agent import DEFAULT_TASKS_PER_MONTH
+    source = a.add_mutually_exclusive_group(required=True)
+    source.add_argument("--trace", metavar="FILE", help="an agent trace: one task's calls and tokens")
+    source.add_argument("--bench", metavar="FILE", help="an agent bench: tokens per task, tasks/s, program p99")
+    add_pricing_args(a)
+    a.add_argument("--slo-p99", type=float, metavar="MS", help="the program's p99 latency target, in ms")
+    a.add_argument("--tasks-per-month", type=float, default=DEFAULT_TASKS_PER_MONTH, metavar="N",
+                   help=f"monthly tasks to price (default {DEFAULT_TASKS_PER_MONTH:,})")
+    a.add_argument("--capacity", type=float, metavar="TOK_S",
+                   help="output tokens/s one replica sustains (with --trace; a bench carries its own)")
+    a.add_argument("--hours-per-day", type=float, default=24.0, metavar="H", help="active hours a day (default 24)")
+    a.add_argument("--min-replicas", type=int, default=1, metavar="N", help="replicas kept running (default 1)")
+    a.set_defaults(handler=cmd_agent)
     return parser
 
 
@@ -363,6 +380,26 @@ def cmd_recommend(args):
         data = recommend(req, min_savings_pct=args.min_savings)
     data["assumptions"] = assumptions
     return data, render.recommend
+
+
+def cmd_agent(args):
+    from cost.agent import price_task, render, task_from_bench, task_from_trace
+    from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
+
+    if not args.model or not args.instance:
+        raise BadInput("give --model (the Bedrock model a task would call) and --instance (the instance a "
+                       "self-hosted replica runs on)")
+    if args.mix:
+        raise BadInput("--mix does not apply to agent tasks: the task's own input:output tokens are its mix")
+    if args.bench and args.capacity is not None:
+        raise BadInput("give --capacity with --trace only: an agent bench carries its measured capacity")
+    task = task_from_trace(args.trace) if args.trace else task_from_bench(args.bench)
+    table = table_from(args)
+    data = price_task(task, table, args.model, args.instance, tasks_per_month=args.tasks_per_month,
+                      slo_p99_ms=args.slo_p99, capacity_tok_s=args.capacity, hours_per_day=args.hours_per_day,
+                      min_replicas=args.min_replicas, discount_pct=args.discount, tier=args.tier,
+                      eks_fixed_hourly=eks_fixed_hourly(table)["hourly"])
+    return data, render
 
 
 if __name__ == "__main__":
