@@ -24,7 +24,7 @@ from options.core import BadInput, mask_secrets
 from options.local_target import DEFAULT_PROMPT, sample_request
 from options.output import Console, emit, format_answer, print_plan
 from options.plan import Plan
-from options.sagemaker import progress_to_stderr
+from options.output import progress_to_stderr
 from options.spectrum import RUNGS, UnknownLevel, check_target, rung, rung_module
 EXAMPLES = """examples:
   python -m options.deploy --level 3                          serve the tiny model locally, one sample
@@ -129,7 +129,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def _target(args, endpoint_url: str | None = None):
     from options.aws import Target
-    from options.sagemaker import region_of
+    from options.sagemaker.plan import region_of
 
     kind = args.target
     url = endpoint_url or args.endpoint_url

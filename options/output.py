@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from options.core import mask_secrets, mask_secrets_text
 from options.plan import Plan
-from options.sagemaker import main_param
+from options.sagemaker.plan import main_param
+
+
+Progress = Callable[[str], None]
+# Progress goes to stdout, or to stderr when --json owns stdout. A flag, not a stream object:
+# the stream is looked up at each print, so a replaced sys.stdout/stderr is always honoured.
+_progress_to_stderr = False
+
+
+def progress_to_stderr(on: bool) -> None:
+    global _progress_to_stderr
+    _progress_to_stderr = on
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr if _progress_to_stderr else sys.stdout, flush=True)
 
 
 class Console:

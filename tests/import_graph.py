@@ -22,7 +22,10 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from options.core import RUNGS       # the rung folders are the core's data
+
 REPO = Path(__file__).resolve().parents[1]
+
 PACKAGES = ("options", "cost", "infra")      # importable from the repository root
 CORE = "options.core"
 CLI_MODULES = ("options.deploy", "options.bench", "options.agent")
@@ -86,9 +89,7 @@ def collect(repo: Path = REPO) -> Graph:
             g.images.add(pkg_dir.name)
             for path in _python_files(pkg_dir):
                 g.modules[_module_name(path, image_dir)] = path
-    for rung_dir in sorted((repo / "options").iterdir()):
-        if (rung_dir / "__init__.py").is_file() and rung_dir.name not in ("core", "bench", "agent"):
-            g.rungs.add(f"options.{rung_dir.name}")
+    g.rungs.update(r.module for r in RUNGS)
     known_tops = set(PACKAGES) | g.images
     for name, path in g.modules.items():
         is_package = path.name == "__init__.py"

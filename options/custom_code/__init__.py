@@ -15,11 +15,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from options import sagemaker as sm
+from options.sagemaker import plan as sm
 from options.core import is_secret_name
 from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
-from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
+from options.sagemaker.apply import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
 
 LEVEL = 4

@@ -324,7 +324,7 @@ def _kube_for(target, cluster: str, eks_cluster: dict[str, Any] | None):
 
 
 def _say(text: str) -> None:
-    from options.sagemaker import say
+    from options.output import say
     say(text)
 
 

@@ -11,11 +11,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from options import sagemaker as sm
+from options.sagemaker import plan as sm
 from options.core import BadInput, mask_secrets
 from options.plan import Plan
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
-from options.sagemaker import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
+from options.sagemaker.apply import rung_apply as apply, rung_down as down, rung_invoke as invoke, \
     rung_status as status  # noqa: F401
 
 LEVEL = 3

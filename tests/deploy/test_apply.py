@@ -10,7 +10,7 @@ import pytest
 
 from options.contract import Request
 from options.core import rung
-from options.sagemaker import DeployFailed, apply_plan
+from options.sagemaker.apply import DeployFailed, apply_plan
 
 LEVEL_ARGS = {
     2: ["--level", "2", "--target", "emulator"],
@@ -126,7 +126,7 @@ def test_endpoint_failed_reports_reason_and_rolls_back(target, build, inventory,
 def test_down_cleans_up_what_a_broken_run_left(target, build, inventory):
     """A model and config without an endpoint (e.g. a killed run) are still found and removed."""
     module, spec, plan = build(*LEVEL_ARGS[3])
-    from options.sagemaker import _Clients, send
+    from options.sagemaker.apply import _Clients, send
     clients = _Clients(target)
     for step in plan.steps[:2]:
         send(clients, step)
@@ -139,7 +139,7 @@ def test_down_cleans_up_what_a_broken_run_left(target, build, inventory):
 def test_aws_without_docker_prints_the_commands_and_leaves_nothing(emulator_url, build, inventory,
                                                                    monkeypatch, target):
     from options.aws import Target
-    from options.sagemaker import docker_available
+    from options.sagemaker.apply import docker_available
 
     if docker_available():
         pytest.skip("a Docker daemon runs here: the image would really be built")

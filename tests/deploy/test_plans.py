@@ -168,7 +168,7 @@ def test_local_level2_prints_plan_and_says_it_needs_the_cloud():
 
 
 def test_uploads_skip_hidden_caches_and_locks(tmp_path, tiny_model):
-    from options.sagemaker import model_files
+    from options.sagemaker.plan import model_files
     import shutil
     folder = tmp_path / "model"
     shutil.copytree(tiny_model, folder)

@@ -12,7 +12,7 @@ from botocore.awsrequest import AWSResponse
 from options import contract
 from options.core import rung
 from options.deploy import main
-from options.sagemaker import apply_plan
+from options.sagemaker.apply import apply_plan
 
 WORDS = ["GPUs ", "multiply ", "matrices ", "in ", "parallel ", "— fast."]
 
