@@ -6,7 +6,7 @@ SageMaker's (``/endpoints/<name>/invocations``, ``/invocations-response-stream``
 AWS event-stream bytes, so botocore signs, sends and parses exactly as against AWS.
 
 ``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
-"hang", "interval_s": ..., "stop_after": N}); ``GET /control/<name>`` returns what it saw (requests, streams
+"hang", "interval_s": ..., "stop_after": N, "stall_after": N}); ``GET /control/<name>`` returns what it saw (requests, streams
 completed and aborted by the client, the last body).
 
 Run: python fake_upstream.py PORT
@@ -102,6 +102,8 @@ async def generate(request: Request):
         done = False
         try:
             for i, token in enumerate(tokens):
+                if i == u.get("stall_after"):        # goes quiet mid-answer, until hung up on
+                    await asyncio.sleep(3600)
                 await asyncio.sleep(u["interval_s"])
                 delta = ({"index": 0, "delta": {"content": token}, "finish_reason": None} if chat
                          else {"index": 0, "text": token, "finish_reason": None})

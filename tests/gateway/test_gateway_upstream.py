@@ -2,6 +2,7 @@
 upstream call, and upstream faults and bad bodies get the right status in OpenAI's shape."""
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -87,6 +88,24 @@ def test_upstream_timeout_is_504(gateway, acme_key, upstreams):
     assert "every upstream of model 'slow' failed: hang timed out" in info.value.message
     assert info.value.body["type"] == "timeout_error"
     assert 1.4 < time.monotonic() - started < 10      # upstream_timeout_s: 1.5
+
+
+def test_upstream_going_quiet_mid_stream_ends_it_with_an_error_event(gateway, acme_key, upstreams):
+    upstreams.set("abortme", interval_s=0.01, stall_after=3)
+    key = gateway.create_key("acme")
+    try:
+        seen = []
+        with pytest.raises(openai.APIError) as info:
+            for chunk in gateway.client(key["key"]).chat.completions.create(
+                    model="abort", messages=HI, max_tokens=10, stream=True):
+                seen.append(chunk.choices[0].delta.content)
+        assert seen == ["abortme:0 ", "abortme:1 ", "abortme:2 "]
+        assert "upstream abortme timed out mid-stream" in info.value.message
+        usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
+        [entry] = [e for e in usage["entries"] if e["key_id"] == key["id"]]
+        assert entry["status"] == 504 and entry["output_tokens"] == 3
+    finally:
+        upstreams.set("abortme", stall_after=None)
 
 
 def test_refused_upstream_is_502_after_fallback(gateway, acme_key):

@@ -71,8 +71,9 @@ class Call:
             input_tokens = int(usage.get("prompt_tokens") or 0)
             output_tokens = int(usage.get("completion_tokens") or 0)
             source = "upstream"
-        elif self.upstream is not None and status < 400:
-            # The upstream reported no usage: the prompt estimate and one token per chunk.
+        elif self.upstream is not None and (status < 400 or streamed_chunks):
+            # No usage from the upstream (none sent, or the stream broke off before it): the
+            # prompt estimate and one token per chunk the client received.
             input_tokens, output_tokens, source = self.prompt_estimate, streamed_chunks, "estimate"
         else:
             input_tokens = output_tokens = 0
