@@ -1,0 +1,162 @@
+"""One agent task: plan → chained actions → answer, every model call timed, counted and priced.
+
+The model is reached through ``options.contract`` only (``Model.send`` is an
+``invoke_http``, ``invoke_sagemaker`` or Bedrock ``converse_stream``), so the same task runs on
+every rung and its trace compares them.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from options.agent.actions import (ACTIONS, DEFAULT_PLAN, PLAN_MAX_TOKENS, SYSTEM_PROMPT, model_prompt,
+                                   planner_prompt, read_plan)
+from options.agent.retrieval import Index
+from options.contract import Request, StreamEvent, Usage, collect
+from options.core import BadInput
+
+TRACE_SCHEMA = "spectrum.agent-trace/1"
+
+
+class AgentFailed(RuntimeError):
+    """The task ran but gave no answer (exit 1); the message says what to do."""
+
+
+@dataclass
+class Model:
+    """How the agent reaches the rung, and how a call is priced."""
+    send: Callable[[Request], Iterator[StreamEvent]]
+    endpoint: str                       # where calls go, for the trace
+    model: str | None = None            # the model name requests carry (Bedrock, OpenAI servers)
+    hourly_usd: float | None = None     # self-hosted: the instance's price, for instance time per call
+    cost_basis: str = ""                # how cost_usd is reckoned, in words
+
+    def cost(self, usage: Usage, e2e_s: float | None) -> float | None:
+        if usage.cost_usd is not None:                 # Bedrock: tokens × the price table
+            return usage.cost_usd
+        if self.hourly_usd is None or e2e_s is None:
+            return None
+        return self.hourly_usd * e2e_s / 3600
+
+
+@dataclass
+class Call:
+    endpoint: str
+    role: str
+    input_tokens: int | None
+    output_tokens: int | None
+    ttft_ms: float | None
+    e2e_ms: float | None
+    cost_usd: float | None
+    text: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"endpoint": self.endpoint, "role": self.role, "input_tokens": self.input_tokens,
+                "output_tokens": self.output_tokens, "ttft_ms": self.ttft_ms, "e2e_ms": self.e2e_ms,
+                "cost_usd": self.cost_usd, "text": self.text}
+
+
+def call_model(model: Model, role: str, prompt: str, max_tokens: int) -> Call:
+    """One streamed call; its TTFT and E2E measured from just before it is sent."""
+    req = Request(prompt=prompt, system=SYSTEM_PROMPT, max_tokens=max_tokens, stream=True, model=model.model)
+    started = time.perf_counter()
+    res = collect(model.send(req), started)
+    ms = lambda s: None if s is None else s * 1000  # noqa: E731
+    return Call(model.endpoint, role, res.usage.input_tokens, res.usage.output_tokens, ms(res.timings.ttft_s),
+                ms(res.timings.e2e_s), model.cost(res.usage, res.timings.e2e_s), res.text)
+
+
+@dataclass
+class Trace:
+    question: str
+    plan: list[str] = field(default_factory=list)
+    plan_source: str = ""
+    retrieval: dict[str, Any] = field(default_factory=dict)
+    calls: list[Call] = field(default_factory=list)
+    steps: list[dict[str, Any]] = field(default_factory=list)     # each action: ran or skipped, why
+    answer: str = ""
+    wall_ms: float = 0.0
+
+    def totals(self) -> dict[str, Any]:
+        def total(key: str):
+            values = [getattr(c, key) for c in self.calls]
+            return None if not values or None in values else sum(values)
+        return {"calls": len(self.calls), "input_tokens": total("input_tokens"),
+                "output_tokens": total("output_tokens"), "e2e_ms": total("e2e_ms"),
+                "cost_usd": total("cost_usd"), "wall_ms": self.wall_ms}
+
+    def to_json(self, **about: Any) -> dict[str, Any]:
+        return {"schema": TRACE_SCHEMA, **about, "question": self.question,
+                "plan": {"actions": self.plan, "source": self.plan_source}, "retrieval": self.retrieval,
+                "steps": self.steps, "calls": [c.to_json() for c in self.calls], "answer": self.answer,
+                "totals": self.totals()}
+
+
+def run_agent(question: str, index: Index, model: Model, *, actions: list[str] | None = None,
+              max_tokens: int = 128, top_k: int = 3,
+              on_call: Callable[[Call], None] | None = None) -> Trace:
+    """Plan (unless ``actions`` is given), then run each action on the previous one's result."""
+    if not question.strip():
+        raise BadInput("--question is empty: ask what the agent should answer from the documents")
+    trace = Trace(question)
+    started = time.perf_counter()
+
+    def record(call: Call) -> Call:
+        trace.calls.append(call)
+        if on_call:
+            on_call(call)
+        return call
+
+    if actions is not None:
+        trace.plan, trace.plan_source = list(actions), "--actions"
+    else:
+        planned = record(call_model(model, "plan", planner_prompt(question), PLAN_MAX_TOKENS))
+        trace.plan = read_plan(planned.text)
+        trace.plan_source = "the model's plan"
+        if not trace.plan:
+            # A planner that names no known action would leave nothing to run: say so, run the default.
+            trace.plan = list(DEFAULT_PLAN)
+            trace.plan_source = (f"the default plan: the model's plan named no known action "
+                                 f"({planned.text.strip()[:80]!r})")
+    trace.retrieval = {"method": index.embedder.name, "documents": index.documents,
+                       "passages": len(index.passages), "top_k": top_k, "hits": []}
+    passages: list[str] = []
+    context = ""
+    for name in trace.plan:
+        action = ACTIONS[name]
+        if action.name == "retrieve":
+            hits = index.search(question, top_k)
+            trace.retrieval["hits"] = [{"passage": p.ref, "score": round(s, 4)} for p, s in hits]
+            if not hits:
+                trace.steps.append({"action": name, "ran": False,
+                                    "why": "no passage shares a word with the question"})
+                continue
+            passages = [f"[{p.ref}] {p.text}" for p, _ in hits]
+            context = "\n".join(passages)
+            trace.steps.append({"action": name, "ran": True, "result": f"{len(hits)} passages"})
+            continue
+        given = "\n".join(passages) if action.needs == "passages" else context
+        if not given:
+            trace.steps.append({"action": name, "ran": False,
+                                "why": "nothing retrieved to work on" if action.needs == "passages"
+                                else "no earlier result to work from"})
+            continue
+        call = record(call_model(model, name, model_prompt(action, question, given), max_tokens))
+        context = call.text
+        trace.steps.append({"action": name, "ran": True, "result": f"{len(call.text)} characters"})
+    trace.wall_ms = (time.perf_counter() - started) * 1000
+    ran = [s for s in trace.steps if s["ran"]]
+    if not ran:
+        why = "; ".join(f"{s['action']}: {s['why']}" for s in trace.steps)
+        raise BadInput(f"every action was skipped ({why}): ask about what the documents cover, "
+                       "or add documents that cover the question")
+    answering = [c for c in trace.calls if c.role != "plan"]
+    if not answering:
+        raise BadInput(f"the plan {', '.join(trace.plan)} ran no model action, so there is no answer: "
+                       f"include summarise or analyse (e.g. --actions {','.join(DEFAULT_PLAN)})")
+    trace.answer = answering[-1].text.strip()
+    if not trace.answer:
+        raise AgentFailed(f"the model's last call ({answering[-1].role}) returned no text, so the task has no "
+                          "answer: check the model serves text (a larger --max-tokens, or another --model)")
+    return trace

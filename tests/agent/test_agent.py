@@ -1,0 +1,218 @@
+"""The knowledge agent: documents and retrieval, the plan, chained calls and their trace, the
+failures that must not pass as success, the CLI, Bedrock through botocore, and one run on the
+real local server."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from options.agent.actions import DEFAULT_PLAN, parse_actions, read_plan
+from options.agent.retrieval import PASSAGE_WORDS, HashedBagOfWords, Index, read_passages
+from options.agent.run import AgentFailed, Model, run_agent
+from options.core import BadInput
+
+REPO = Path(__file__).resolve().parents[2]
+QUESTION = "What does level 3 configure in the LMI container?"
+
+
+def _cli(*args, timeout=120):
+    return subprocess.run([sys.executable, "-m", "options.agent", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+def _http_model(url):
+    from options.contract import invoke_http
+    return Model(lambda req: invoke_http(url, req, "openai-completions"), url, hourly_usd=1.408)
+
+
+# --- documents and retrieval ------------------------------------------------------------------
+
+def test_documents_become_passages_and_the_closest_comes_first(docs):
+    passages = read_passages(docs)
+    assert {p.source for p in passages} == {"lmi.md", "bedrock.txt"}      # notes.bin is not a document
+    index = Index.build(passages)
+    hits = index.search(QUESTION, k=3)
+    assert hits[0][0].source == "lmi.md" and hits[0][1] > 0.2
+    assert index.search("zebra quantum", k=3) == []                       # shares no word
+
+
+def test_long_files_are_cut_near_the_passage_size(tmp_path):
+    (tmp_path / "long.md").write_text("\n\n".join(" ".join(["word"] * 50) for _ in range(5)))
+    sizes = [len(p.text.split()) for p in read_passages(tmp_path)]
+    assert sizes == [100, 100, 50] and max(sizes) <= PASSAGE_WORDS
+
+
+def test_the_local_embedding_is_stable_and_unit_length():
+    emb = HashedBagOfWords(dims=64)
+    a, b = emb.embed(["rolling batch size", "rolling batch size"])
+    assert a == b and math.isclose(sum(x * x for x in a), 1.0)
+    assert emb.name == "local hashed bag-of-words (64 dims)"
+
+
+def test_no_documents_is_an_error_saying_what_to_do(tmp_path):
+    with pytest.raises(BadInput, match="no documents indexed: .* Put the documents"):
+        read_passages(tmp_path)
+    with pytest.raises(BadInput, match="is not a folder"):
+        read_passages(tmp_path / "missing")
+
+
+# --- the plan ---------------------------------------------------------------------------------
+
+def test_a_plan_is_read_in_order_with_aliases_once_each():
+    assert read_plan("1. Search the docs. 2. Summarize. 3. analyze; then search again") == \
+        ["retrieve", "summarise", "analyse"]
+    assert read_plan("w0 w1 w2") == []
+    assert parse_actions("retrieve, analyse") == ["retrieve", "analyse"]
+    with pytest.raises(BadInput, match="unknown action 'browse'; choose from retrieve, summarise, analyse"):
+        parse_actions("retrieve,browse")
+
+
+# --- one task, end to end, on a scripted rung ------------------------------------------------------
+
+def test_the_chain_passes_each_result_on_and_the_trace_adds_up(scripted_rung, docs):
+    rung, url = scripted_rung
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), _http_model(url))
+    assert trace.plan == ["retrieve", "summarise", "analyse"] and trace.plan_source == "the model's plan"
+    assert [c.role for c in trace.calls] == ["plan", "summarise", "analyse"]
+    # summarise sees the retrieved passage; analyse sees summarise's answer, not the passages.
+    assert "[lmi.md#0]" in rung.prompts[1] and "rolling batch size" in rung.prompts[1]
+    assert rung.answer in rung.prompts[2] and "[lmi.md#0]" not in rung.prompts[2]
+    assert trace.answer == rung.answer
+    doc = trace.to_json(level=5, target="local")
+    assert doc["schema"] == "spectrum.agent-trace/1"
+    for call, prompt in zip(doc["calls"], rung.prompts):
+        assert set(call) >= {"endpoint", "role", "input_tokens", "output_tokens", "ttft_ms", "e2e_ms", "cost_usd"}
+        assert call["input_tokens"] == len(prompt.split()) and call["ttft_ms"] <= call["e2e_ms"]
+        # Self-hosted: the call's instance time at $1.408/h.
+        assert call["cost_usd"] == pytest.approx(1.408 * call["e2e_ms"] / 1000 / 3600)
+    t = doc["totals"]
+    assert t["calls"] == 3 and t["input_tokens"] == sum(c["input_tokens"] for c in doc["calls"])
+    assert t["output_tokens"] == len(rung.plan.split()) + 2 * len(rung.answer.split())
+    assert t["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in doc["calls"]))
+    assert doc["retrieval"]["method"].startswith("local hashed bag-of-words")
+    assert doc["retrieval"]["hits"][0]["passage"] == "lmi.md#0"
+
+
+def test_a_plan_naming_no_action_runs_the_default_and_says_so(scripted_rung, docs):
+    rung, url = scripted_rung
+    rung.plan = "w0 w1 w2"
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), _http_model(url))
+    assert trace.plan == list(DEFAULT_PLAN) and "named no known action ('w0 w1 w2')" in trace.plan_source
+
+
+def test_every_action_skipped_is_an_error_not_a_success(scripted_rung, docs):
+    _, url = scripted_rung
+    with pytest.raises(BadInput, match="every action was skipped .*retrieve: no passage shares a word"):
+        run_agent("zebra quantum", Index.build(read_passages(docs)), _http_model(url),
+                  actions=["retrieve", "analyse"])
+
+
+def test_no_answer_is_an_error(scripted_rung, docs):
+    rung, url = scripted_rung
+    rung.answer = ""
+    with pytest.raises(AgentFailed, match="returned no text, so the task has no answer"):
+        run_agent(QUESTION, Index.build(read_passages(docs)), _http_model(url), actions=["retrieve", "analyse"])
+    with pytest.raises(BadInput, match="ran no model action, so there is no answer"):
+        run_agent(QUESTION, Index.build(read_passages(docs)), _http_model(url), actions=["retrieve"])
+
+
+# --- the CLI ----------------------------------------------------------------------------------
+
+def test_cli_prints_the_calls_and_writes_a_trace_the_cost_model_prices(scripted_rung, docs, tmp_path):
+    _, url = scripted_rung
+    trace_path = tmp_path / "trace.json"
+    done = _cli("--level", "5", "--url", url, "--docs", str(docs), "--question", QUESTION,
+                "--instance", "ml.g5.xlarge", "--trace", str(trace_path))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "retrieve → summarise → analyse" in done.stdout and "total" in done.stdout
+    trace = json.loads(trace_path.read_text())
+    assert [c["role"] for c in trace["calls"]] == ["plan", "summarise", "analyse"]
+    priced = subprocess.run([sys.executable, "-m", "cost", "agent", "--trace", str(trace_path), "--model",
+                             "qwen.qwen3-32b-v1:0", "--instance", "ml.g5.xlarge", "--capacity", "100", "--json"],
+                            capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert priced.returncode == 0, priced.stderr
+    task = json.loads(priced.stdout)["task"]
+    assert task["input_tokens"] == trace["totals"]["input_tokens"] and task["calls"] == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--level", "1", "--question", "q"], "level 1 (Bedrock) does not serve on this machine"),
+    (["--level", "5", "--question", QUESTION, "--actions", "retrieve,browse"], "unknown action 'browse'"),
+    (["--level", "9", "--question", "q"], "9"),
+    (["--level", "3", "--target", "aws", "--question", "q"], "give --endpoint NAME"),
+    (["--level", "5", "--question", "q", "--top-k", "0"], "--top-k 0 must be at least 1"),
+])
+def test_cli_bad_input_exits_2_naming_the_value(docs, args, message):
+    done = _cli("--docs", str(docs), *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in " ".join(done.stdout.split())
+
+
+def test_cli_without_documents_exits_2(tmp_path):
+    done = _cli("--level", "5", "--url", "http://127.0.0.1:9", "--docs", str(tmp_path), "--question", "q")
+    assert done.returncode == 2 and "no documents indexed" in " ".join(done.stdout.split())
+
+
+# --- Bedrock, faked at botocore's level -------------------------------------------------------------
+
+def _aws_event_stream():
+    spec = importlib.util.spec_from_file_location("aws_event_stream", REPO / "tests" / "bedrock" / "aws_event_stream.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_agent_on_bedrock_prices_each_call_from_its_usage(docs):
+    import boto3
+
+    from options.bedrock.client import BedrockClient, retry_config
+    from cost.prices import load_prices
+
+    es = _aws_event_stream()
+    client = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                                   region_name="us-east-1").client("bedrock-runtime", config=retry_config())
+    stream = ([es.event("messageStart", {"role": "assistant"})]
+              + [es.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}})
+                 for t in ("retrieve, ", "analyse")]
+              + [es.event("messageStop", {"stopReason": "end_turn"}),
+                 es.event("metadata", {"usage": {"inputTokens": 120, "outputTokens": 7, "totalTokens": 127},
+                                       "metrics": {"latencyMs": 40}})])
+    sent = es.answer_with_events(client, "ConverseStream", stream)
+    model_id = "amazon.nova-micro-v1:0"
+    prices = load_prices(REPO / "cost" / "data" / "prices-2026-11-29.json")
+    model = Model(BedrockClient(client, prices).converse_stream, "bedrock-runtime", model_id)
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
+    assert trace.plan == ["retrieve", "analyse"] and [c.role for c in trace.calls] == ["plan", "analyse"]
+    # Nova Micro: $0.035 in, $0.14 out per 1M tokens.
+    assert [c.cost_usd for c in trace.calls] == [pytest.approx((120 * 0.035 + 7 * 0.14) / 1e6)] * 2
+    bodies = [json.loads(r.body) for r in sent]
+    assert bodies[0]["system"][0]["text"].startswith("You are a knowledge agent")
+    assert "[lmi.md#0]" in bodies[1]["messages"][0]["content"][0]["text"]
+    assert sent[0].url.endswith("/model/amazon.nova-micro-v1%3A0/converse-stream")
+
+
+# --- the real local server ------------------------------------------------------------------------
+
+@pytest.mark.engine
+def test_the_agent_on_the_local_level_5_server(docs, tmp_path, tiny_model):
+    trace_path = tmp_path / "trace.json"
+    done = _cli("--level", "5", "--docs", str(docs), "--question", QUESTION, "--max-tokens", "8",
+                "--trace", str(trace_path), timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    trace = json.loads(trace_path.read_text())
+    # Random weights: the plan is noise, so the default plan runs, and says so.
+    assert trace["plan"]["actions"] == list(DEFAULT_PLAN)
+    roles = [c["role"] for c in trace["calls"]]
+    assert roles == ["plan", "summarise", "analyse"]
+    for c in trace["calls"]:
+        assert c["endpoint"].endswith("/invocations (openai-completions)")
+        assert c["input_tokens"] > 0 and 0 < c["output_tokens"] <= 24 and 0 < c["ttft_ms"] <= c["e2e_ms"]
+    # Each step's prompt carries the previous result: analyse's is built on summarise's answer.
+    assert trace["calls"][1]["input_tokens"] > trace["calls"][2]["input_tokens"] > 0
+    assert trace["totals"]["cost_usd"] is None and "no AWS bill" in trace["cost_basis"]
