@@ -197,6 +197,32 @@ def test_the_agent_on_bedrock_prices_each_call_from_its_usage(docs):
     assert sent[0].url.endswith("/model/amazon.nova-micro-v1%3A0/converse-stream")
 
 
+def test_the_agent_on_a_sagemaker_endpoint_in_the_rungs_dialect(docs):
+    import boto3
+
+    from options.contract import StreamEvent, Usage, invoke_sagemaker, sse_stream
+
+    es = _aws_event_stream()
+    client = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
+                                   region_name="us-east-1").client("sagemaker-runtime")
+    events = [StreamEvent("text", text="retrieve, "), StreamEvent("text", text="analyse"),
+              StreamEvent("finish", finish_reason="stop"), StreamEvent("usage", usage=Usage(150, 3))]
+    data = b"".join(sse_stream(events, "tgi"))
+    sent = es.answer_with_events(client, "InvokeEndpointWithResponseStream",
+                                 [es.event("PayloadPart", data[i:i + 9], "application/octet-stream")
+                                  for i in range(0, len(data), 9)])
+    model = Model(lambda req: invoke_sagemaker(client, "agent-ep", req, "tgi"), "sagemaker:agent-ep",
+                  hourly_usd=7.09)
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
+    assert [c.role for c in trace.calls] == ["plan", "analyse"]
+    assert [(c.input_tokens, c.output_tokens) for c in trace.calls] == [(150, 3), (150, 3)]
+    bodies = [json.loads(r.body) for r in sent]
+    # LMI's dialect: the system prompt leads the text of "inputs".
+    assert bodies[1]["inputs"].startswith("You are a knowledge agent") and "[lmi.md#0]" in bodies[1]["inputs"]
+    assert all(r.url.endswith("/endpoints/agent-ep/invocations-response-stream") for r in sent)
+    assert trace.totals()["cost_usd"] == pytest.approx(7.09 * trace.totals()["e2e_ms"] / 1000 / 3600)
+
+
 # --- the real local server ------------------------------------------------------------------------
 
 @pytest.mark.engine
