@@ -198,6 +198,7 @@ def resolve_capacity(args):
     """(default Capacity or None, {level: Capacity}) from --capacity and --bench."""
     from cost.bench import load_bench
     from cost.breakeven import check_capacity
+    from cost.fleet import SELF_HOSTED_LEVELS
 
     default = check_capacity(args.capacity) if args.capacity is not None else None
     by_level = {}
@@ -205,7 +206,7 @@ def resolve_capacity(args):
     for path in benches:
         cap = load_bench(path)
         level = cap.measured_at.get("level")
-        if level is not None and level not in (2, 3, 4, 5, 6):
+        if level is not None and level not in SELF_HOSTED_LEVELS:
             raise BadInput(f"{cap.origin} measured level {level!r}: only a bench of a self-hosted rung (level 2-6) "
                            f"gives an instance's capacity (Bedrock's throughput is not one)")
         key = level if level is not None else "unlevelled"  # recorded without --level: applies to every rung

@@ -15,10 +15,13 @@ from typing import Any
 from cost.breakeven import (SECONDS_PER_HOUR, Capacity, Mix, blended_price,
                             check_range, total_from_output)
 from cost.prices import HOURS_PER_MONTH, InstanceType, PriceTable, TokenPrice
-from options.core import RUNGS, BadInput
+from options.core import RUNGS, BadInput, rung
+from options.core.rungs import EC2, SAGEMAKER
 
-SAGEMAKER_LEVELS = (2, 3, 4, 5)
-EKS_LEVEL = 6
+# The self-hosted rungs, by whose price list bills them (the core's rung data).
+SAGEMAKER_LEVELS = tuple(r.level for r in RUNGS if r.platform == SAGEMAKER)
+EKS_LEVEL = next(r.level for r in RUNGS if r.platform == EC2)
+SELF_HOSTED_LEVELS = (*SAGEMAKER_LEVELS, EKS_LEVEL)
 DAYS_PER_MONTH = HOURS_PER_MONTH / 24
 
 
@@ -173,8 +176,8 @@ def build_fleets(table: PriceTable, instance: InstanceType, capacities: dict[int
 
     check_range("min replicas", min_replicas, 1, 10000)
     fleets = []
-    for level in (*SAGEMAKER_LEVELS, EKS_LEVEL):
-        platform = "ec2" if level == EKS_LEVEL else "sagemaker"
+    for level in SELF_HOSTED_LEVELS:
+        platform = rung(level).platform
         listed = instance.sagemaker_hourly if platform == "sagemaker" else instance.ec2_hourly
         if listed is None:  # not offered there, or not in the table: that rung is left out, not guessed
             continue

@@ -10,6 +10,7 @@ from cost.breakeven import tokens
 from cost.fleet import Fleet, Traffic, bedrock_cost
 from cost.prices import TokenPrice
 from options.core import BadInput
+from options.core.rungs import SAGEMAKER
 
 # Colours per rung group, readable on white: Bedrock blue, EKS green, SageMaker groups in warm tones
 # (one per distinct capacity when benches per level differ).
@@ -56,13 +57,14 @@ def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: 
         fleet = fleets_in_group[0]
         levels = [f.level for f in fleets_in_group]
         label_levels = f"{levels[0]}-{levels[-1]}" if len(levels) > 1 else str(levels[0])
-        sagemaker_groups = [g for g in groups.values() if g[0].level != 6]
-        colour = (COLOURS[6] if fleet.level == 6 else
+        sagemaker_groups = [g for g in groups.values() if g[0].platform == SAGEMAKER]
+        colour = (COLOURS[fleet.level] if fleet.platform != SAGEMAKER else
                   SAGEMAKER_COLOURS[sagemaker_groups.index(fleets_in_group) % len(SAGEMAKER_COLOURS)])
-        where = ("EC2 + EKS control plane and system nodes" if fleet.level == 6 else "SageMaker")
+        where = ("EC2 + EKS control plane and system nodes" if fleet.platform != SAGEMAKER
+                 else "SageMaker")
         volume = fleet.breakeven_tokens_per_month(traffic, blended)
         ax.step(xs, [fleet.monthly(s) for s in shapes], where="post", color=colour, lw=2,
-                linestyle="-" if fleet.level != 6 else "--",
+                linestyle="-" if fleet.platform == SAGEMAKER else "--",
                 label=f"{label_levels} {where}: {fleet.instance.name} "
                       f"${fleet.hourly:.4g}/h/replica, {fleet.capacity.output_tokens_per_second:,.0f} out tok/s"
                       + ("" if volume is not None else " (never breaks even)"))

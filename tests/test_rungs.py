@@ -34,6 +34,7 @@ def test_capabilities_are_data_with_a_reason_for_each_gap(r):
             reason = dict(r.can.why_not).get(capability)
             assert reason and len(reason) > 20, f"{r.name}: no reason for lacking {capability}"
     assert r.can.creates_resources == (not r.per_token), "what bills by the hour must be removable"
+    assert r.platform in ("bedrock", "sagemaker", "ec2") and r.per_token == (r.platform == "bedrock")
 
 
 def test_a_target_a_rung_lacks_is_refused_with_its_reason():

@@ -11,6 +11,8 @@ from options.core.wire import BEDROCK, OPENAI_CHAT, OPENAI_COMPLETIONS, TGI
 
 PER_TOKEN = "per token"
 PER_INSTANCE_HOUR = "per instance-hour"
+SAGEMAKER = "sagemaker"
+EC2 = "ec2"
 
 
 @dataclass(frozen=True)
@@ -34,6 +36,7 @@ class Rung:
     who_runs_the_model: str
     you_own: str
     billed: str            # PER_TOKEN, PER_INSTANCE_HOUR, or per instance-hour plus a fixed fee
+    platform: str          # whose price list bills it: BEDROCK, SAGEMAKER or EC2 (+ EKS)
     can: Capabilities
 
     @property
@@ -48,7 +51,7 @@ class Rung:
 _CLOUD_ONLY = "{what} runs only in AWS: --target local prints the plan and its cost instead"
 
 RUNGS: tuple[Rung, ...] = (
-    Rung(1, "Bedrock", "options.bedrock", "AWS, hidden", "prompts only", PER_TOKEN,
+    Rung(1, "Bedrock", "options.bedrock", "AWS, hidden", "prompts only", PER_TOKEN, BEDROCK,
          Capabilities(BEDROCK, serves_locally=False, has_emulator=False, creates_resources=False,
                       why_not=(("serves_locally", _CLOUD_ONLY.format(what="Bedrock")),
                                ("has_emulator", "the local AWS emulator (moto) does not implement "
@@ -57,26 +60,26 @@ RUNGS: tuple[Rung, ...] = (
                                 "so there is nothing to remove")))),
     Rung(2, "SageMaker JumpStart", "options.jumpstart",
          "your account, AWS image and AWS artifacts", "instance type and count",
-         PER_INSTANCE_HOUR,
+         PER_INSTANCE_HOUR, SAGEMAKER,
          Capabilities(TGI, serves_locally=False, has_emulator=True, creates_resources=True,
                       why_not=(("serves_locally", _CLOUD_ONLY.format(
                           what="JumpStart (AWS's image with AWS's artifacts on AWS's GPUs)")),))),
     Rung(3, "Bring your own model on LMI", "options.lmi",
          "your account, AWS's LMI container (vLLM inside)", "model and OPTION_* configuration",
-         PER_INSTANCE_HOUR,
+         PER_INSTANCE_HOUR, SAGEMAKER,
          Capabilities(TGI, serves_locally=True, has_emulator=True, creates_resources=True)),
     Rung(4, "Bring your own code on LMI", "options.custom_code",
          "your account, AWS's LMI container running your model.py",
-         "pre/post-processing, loading, batching", PER_INSTANCE_HOUR,
+         "pre/post-processing, loading, batching", PER_INSTANCE_HOUR, SAGEMAKER,
          Capabilities(TGI, serves_locally=True, has_emulator=True, creates_resources=True)),
     Rung(5, "Bring your own image", "options.byo_image",
          "your account, your container", "the whole image (CUDA, Python, vLLM, server)",
-         PER_INSTANCE_HOUR,
+         PER_INSTANCE_HOUR, SAGEMAKER,
          Capabilities(OPENAI_COMPLETIONS, serves_locally=True, has_emulator=True,
                       creates_resources=True)),
     Rung(6, "Build your own infrastructure (EKS)", "options.eks",
          "your account, your cluster", "everything but the hardware",
-         "per instance-hour + EKS per cluster-hour",
+         "per instance-hour + EKS per cluster-hour", EC2,
          Capabilities(OPENAI_CHAT, serves_locally=False, has_emulator=True, creates_resources=True,
                       why_not=(("serves_locally", "no Kubernetes API server runs here: --target "
                                 "local renders and validates the manifests instead"),))),
