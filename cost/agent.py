@@ -183,6 +183,9 @@ def price_task(task: Task, table, model_id: str, instance: str, *, tasks_per_mon
                          **fleet.to_json(traffic)})
     if slo_note:
         assumptions.append(slo_note)
+    if task.tasks_per_second is not None and (task.measured_at or {}).get("target") in ("local", "emulator"):
+        assumptions.append(f"the bench ran on target {task.measured_at['target']!r}, not on {instance}: rerun it "
+                           "against the real endpoint before trusting the self-hosted figures")
     eligible = [r for r in rows if r["meets_slo"] is not False]
     cheapest = min(eligible, key=lambda r: (round(r["monthly_usd"], 6), r["level"]))
     flips = [r for r in eligible if r.get("flip_tasks_per_month") is not None]

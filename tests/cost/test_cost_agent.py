@@ -109,6 +109,15 @@ def test_bench_gives_tokens_capacity_and_the_p99_target(tmp_path):
     tight = cli_json("--bench", str(path), "--model", SONNET, "--instance", "ml.g5.xlarge", "--slo-p99", "5000")
     assert rung(tight, 5)["meets_slo"] is False and tight["cheapest_level"] == 1
     assert any("over the 5,000 ms target" in a for a in tight["assumptions"])
+    assert not any("rerun it against the real endpoint" in a for a in tight["assumptions"])    # it ran on aws
+
+
+def test_a_bench_run_here_says_it_was_not_the_priced_instance(tmp_path):
+    path = agent_bench(tmp_path)
+    doc = json.loads(path.read_text())
+    path.write_text(json.dumps({**doc, "target": "local"}))
+    data = cli_json("--bench", str(path), "--model", SONNET, "--instance", "ml.g5.xlarge")
+    assert any("ran on target 'local', not on ml.g5.xlarge" in a for a in data["assumptions"])
 
 
 def test_a_cheap_model_never_flips(tmp_path):
