@@ -7,6 +7,7 @@ use up the tenant's allowance.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import math
@@ -287,27 +288,25 @@ class Gateway:
 
     async def _unless_client_leaves(self, request: Request, call: Call, work):
         """Run ``work()``, cancelling it (and so closing the upstream connection) if the
-        client disconnects first: an abandoned request stops costing upstream time."""
-        outcome: dict = {}
-        async with anyio.create_task_group() as group:
-            async def run():
-                try:
-                    outcome["value"] = await work()
-                except Exception as e:      # raised below, outside the task group
-                    outcome["error"] = e
-                group.cancel_scope.cancel()
-
-            async def watch():
-                while (await request.receive())["type"] != "http.disconnect":
-                    pass
-                outcome["gone"] = True
-                group.cancel_scope.cancel()
-            group.start_soon(run)
-            group.start_soon(watch)
-        if "error" in outcome:
-            raise outcome["error"]
-        if "value" in outcome:
-            return outcome["value"]
+        client disconnects first: an abandoned request stops costing upstream time.
+        Plain asyncio tasks: an anyio task group here cost ~0.5 ms of CPU per request."""
+        async def disconnected():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+        work_task = asyncio.ensure_future(work())
+        watch_task = asyncio.ensure_future(disconnected())
+        try:
+            await asyncio.wait((work_task, watch_task), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch_task.cancel()
+            if not work_task.done():
+                work_task.cancel()
+        if not work_task.cancelled() and work_task.done():
+            return work_task.result()            # the answer, or its GatewayError
+        try:
+            await work_task                       # let it close the upstream response
+        except (asyncio.CancelledError, Exception):
+            pass
         with anyio.CancelScope(shield=True):
             await self.finish(call, 499)
         return Response(status_code=499)

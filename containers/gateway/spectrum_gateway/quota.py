@@ -95,70 +95,84 @@ def _limit(value) -> int:
     return -1 if value is None else int(value)
 
 
+class _Window:
+    """One tenant's last minute in one process: each step costs what expired, not the window."""
+
+    def __init__(self) -> None:
+        self.requests: deque = deque()        # ms of each request, oldest first
+        self.token_order: deque = deque()     # (ms, id) of each reservation, oldest first
+        self.token_amounts: dict = {}         # id → tokens, while in the window
+        self.tokens = 0
+        self.inflight: set = set()
+
+    def expire(self, cutoff: int) -> None:
+        while self.requests and self.requests[0] <= cutoff:
+            self.requests.popleft()
+        while self.token_order and self.token_order[0][0] <= cutoff:
+            _, rid = self.token_order.popleft()
+            self.tokens -= self.token_amounts.pop(rid, 0)
+
+    def tokens_fit_ms(self, need: int, limit: int, now: int) -> int:
+        """Until enough reservations leave the window for ``need`` tokens to fit."""
+        freed = 0
+        for ms, rid in self.token_order:
+            freed += self.token_amounts.get(rid, 0)
+            if self.tokens - freed + need <= limit:
+                return ms + WINDOW_MS - now
+        return WINDOW_MS
+
+
 class MemoryQuota:
     """The quota for one process (``store: memory``)."""
 
     def __init__(self) -> None:
-        self.requests: dict[str, deque] = {}      # tenant → deque[(ms, id)]
-        self.tokens: dict[str, dict] = {}         # tenant → {id: [ms, tokens]}
-        self.inflight: dict[str, set] = {}
+        self.windows: dict[str, _Window] = {}
         self.spent: dict[tuple, int] = {}         # (tenant, month) → micro-dollars
 
     async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
                       cost_usd: float) -> Decision:
         now = int(time.time() * 1000)
-        cutoff = now - WINDOW_MS
-        name = limits.name
-        reqs = self.requests.setdefault(name, deque())
-        while reqs and reqs[0][0] <= cutoff:
-            reqs.popleft()
-        toks = self.tokens.setdefault(name, {})
-        for rid in [rid for rid, (ms, _) in toks.items() if ms <= cutoff]:
-            del toks[rid]
-        used = sum(t for _, t in toks.values())
-        inflight = self.inflight.setdefault(name, set())
+        w = self.windows.setdefault(limits.name, _Window())
+        w.expire(now - WINDOW_MS)
         month, month_left_ms = month_now()
-        spent = self.spent.get((name, month), 0)
+        spent = self.spent.get((limits.name, month), 0)
         cost = int(round(cost_usd * MICRO))
 
-        def tokens_fit_ms(need: int) -> int:
-            freed = 0
-            for ms, t in sorted(toks.values()):
-                freed += t
-                if used - freed + need <= limits.tpm:
-                    return ms + WINDOW_MS - now
-            return WINDOW_MS
-
         reason, retry = "ok", 0
-        if limits.rpm is not None and len(reqs) + 1 > limits.rpm:
-            reason, retry = "requests", reqs[0][0] + WINDOW_MS - now
+        if limits.rpm is not None and len(w.requests) + 1 > limits.rpm:
+            reason, retry = "requests", w.requests[0] + WINDOW_MS - now
         elif limits.tpm is not None and tokens > limits.tpm:
             reason = "tokens_exceed_limit"
-        elif limits.tpm is not None and used + tokens > limits.tpm:
-            reason, retry = "tokens", tokens_fit_ms(tokens)
-        elif limits.max_concurrency is not None and len(inflight) + 1 > limits.max_concurrency:
+        elif limits.tpm is not None and w.tokens + tokens > limits.tpm:
+            reason, retry = "tokens", w.tokens_fit_ms(tokens, limits.tpm, now)
+        elif limits.max_concurrency is not None and len(w.inflight) + 1 > limits.max_concurrency:
             reason, retry = "concurrency", 1000
         elif limits.budget_usd_month is not None and spent + cost > limits.budget_usd_month * MICRO:
             reason, retry = "budget", month_left_ms
         if reason == "ok":
-            reqs.append((now, request_id))
-            toks[request_id] = [now, tokens]
-            used += tokens
-            inflight.add(request_id)
-            self.spent[(name, month)] = spent + cost
-        oldest_tok = min((ms for ms, _ in toks.values()), default=None)
+            w.requests.append(now)
+            w.token_order.append((now, request_id))
+            w.token_amounts[request_id] = tokens
+            w.tokens += tokens
+            w.inflight.add(request_id)
+            self.spent[(limits.name, month)] = spent + cost
         return Decision(
-            allowed=reason == "ok", reason=reason, limits=limits, requests=len(reqs), tokens=used,
-            requests_reset_ms=(reqs[0][0] + WINDOW_MS - now) if reqs else 0,
-            tokens_reset_ms=(oldest_tok + WINDOW_MS - now) if oldest_tok is not None else 0,
+            allowed=reason == "ok", reason=reason, limits=limits, requests=len(w.requests),
+            tokens=w.tokens,
+            requests_reset_ms=(w.requests[0] + WINDOW_MS - now) if w.requests else 0,
+            tokens_reset_ms=(w.token_order[0][0] + WINDOW_MS - now) if w.token_order else 0,
             retry_after_ms=max(0, retry), spent_usd=spent / MICRO)
 
     async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
                      cost_delta_usd: float) -> None:
-        entry = self.tokens.get(limits.name, {}).get(request_id)
-        if entry is not None:
-            entry[1] = max(0, entry[1] + tokens_delta)
-        self.inflight.get(limits.name, set()).discard(request_id)
+        w = self.windows.get(limits.name)
+        if w is None:
+            return
+        if request_id in w.token_amounts:
+            amount = max(0, w.token_amounts[request_id] + tokens_delta)
+            w.tokens += amount - w.token_amounts[request_id]
+            w.token_amounts[request_id] = amount
+        w.inflight.discard(request_id)
         month, _ = month_now()
         key = (limits.name, month)
         self.spent[key] = self.spent.get(key, 0) + int(round(cost_delta_usd * MICRO))

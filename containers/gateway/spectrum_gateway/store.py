@@ -51,6 +51,7 @@ class MemoryStore:
         self._keys: dict = {}
         self._keys_mtime: float | None = None
         self._keys_checked = 0.0
+        self._ledger = None
 
     # --- keys
     def _load_keys(self) -> dict:
@@ -94,9 +95,10 @@ class MemoryStore:
         if limits is not None:
             await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
         if entry is not None:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            with open(self.ledger_path, "a") as f:
-                f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            if self._ledger is None:     # kept open, line-buffered: each entry lands whole
+                self.dir.mkdir(parents=True, exist_ok=True)
+                self._ledger = open(self.ledger_path, "a", buffering=1)
+            self._ledger.write(json.dumps(entry, separators=(",", ":")) + "\n")
         for field, value in increments.items():
             self.counters[field] = self.counters.get(field, 0) + value
 
@@ -125,7 +127,8 @@ class MemoryStore:
         return None
 
     async def close(self) -> None:
-        return None
+        if self._ledger is not None:
+            self._ledger.close()
 
 
 class RedisStore:
