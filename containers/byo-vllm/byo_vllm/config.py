@@ -93,6 +93,11 @@ class ServerSettings:
     # Level 4: serve through the user's model.py instead of vLLM (interface 6).
     handler_entrypoint: Path | None = None
     lmi_properties: dict[str, str] = field(default_factory=dict)
+    # LoRA adapters: roots a load may read from beyond the model folder and /opt/ml/models
+    # (absolute folders, s3:// prefixes), and whether base-model requests carry an all-zero
+    # adapter ("auto": where vLLM's LoRA kernels need it, i.e. its CPU torch ops).
+    adapter_sources: tuple[str, ...] = ()
+    base_zero_adapter: str = "auto"
 
     def describe(self) -> dict:
         """The effective configuration, for the one start-up log line (secrets masked)."""
@@ -107,6 +112,8 @@ class ServerSettings:
                             for a in self.engine_args.values()},
             "engine_arg_sources": {a.name: a.source for a in self.engine_args.values()},
             "ignored": self.ignored,
+            "adapter_sources": list(self.adapter_sources),
+            "base_zero_adapter": self.base_zero_adapter,
         }
 
 
@@ -157,6 +164,10 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     graceful = _int_setting(env, SERVER_PREFIX + "GRACEFUL_TIMEOUT", 25, problems, 1, 3600)
     read_timeout = _int_setting(env, SERVER_PREFIX + "READ_TIMEOUT", 30, problems, 1, 3600)
     entrypoint = _handler_entrypoint(env, model, problems)
+    adapter_sources = _adapter_sources(env, problems)
+    zero = env.get(SERVER_PREFIX + "BASE_ZERO_ADAPTER", "auto").strip().lower() or "auto"
+    if zero not in ("auto", "true", "false"):
+        problems.append(f"{SERVER_PREFIX}BASE_ZERO_ADAPTER={zero!r} must be auto, true or false")
     if problems:
         raise ConfigError("the server cannot start with these settings:\n  - "
                           + "\n  - ".join(problems))
@@ -167,6 +178,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
         threads=threads, graceful_timeout_s=graceful, read_timeout_s=read_timeout,
         served_model_name=served,
         handler_entrypoint=entrypoint,
+        adapter_sources=adapter_sources, base_zero_adapter=zero,
         lmi_properties={k[len("OPTION_"):].lower(): v for k, v in lmi.items()} | {
             "model_id": model},
     )
@@ -251,6 +263,26 @@ def _handler_entrypoint(env: Mapping[str, str], model: str, problems: list[str])
     if model_dir is not None and (model_dir / "model.py").is_file():
         return model_dir / "model.py"
     return None
+
+
+def _adapter_sources(env: Mapping[str, str], problems: list[str]) -> tuple[str, ...]:
+    """SPECTRUM_SERVER_ADAPTER_SOURCES: comma-separated absolute folders and s3:// prefixes
+    that POST /models may load adapters from (besides the model folder and /opt/ml/models)."""
+    key = SERVER_PREFIX + "ADAPTER_SOURCES"
+    out = []
+    for item in (i.strip() for i in env.get(key, "").split(",")):
+        if not item:
+            continue
+        if item.startswith("s3://"):
+            if not item[len("s3://"):].split("/")[0]:
+                problems.append(f"{key}: {item!r} names no bucket (s3://bucket/prefix)")
+                continue
+        elif not item.startswith("/") or ".." in Path(item).parts:
+            problems.append(f"{key}: {item!r} must be an absolute folder without '..' or an "
+                            "s3://bucket/prefix")
+            continue
+        out.append(item)
+    return tuple(out)
 
 
 def _serving_property(path: Path, key: str) -> str:

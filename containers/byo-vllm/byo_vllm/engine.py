@@ -28,7 +28,8 @@ log = logging.getLogger("byo_vllm.engine")
 TESTED_VLLM = ("0.32.",)
 # What the adapter calls on vLLM, checked at start-up (see check_vllm).
 REQUIRED_ENGINE_API = ("from_engine_args", "generate", "abort", "get_tokenizer", "errored",
-                       "dead_error", "shutdown")
+                       "dead_error", "shutdown", "add_lora", "remove_lora", "list_loras",
+                       "pin_lora")
 
 
 class EngineUnavailable(RuntimeError):
@@ -41,6 +42,7 @@ def check_vllm() -> str | None:
         import vllm
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
+        from vllm.lora.request import LoRARequest  # noqa: F401 - adapters.py builds these
     except ImportError as e:
         return (f"vLLM's engine API could not be imported ({e}); this server needs vLLM "
                 f"{' or '.join(v + 'x' for v in TESTED_VLLM)}")
@@ -70,6 +72,8 @@ class EngineAdapter:
         self.engine = None
         self.tokenizer = None
         self.max_model_len = 0
+        self.adapters = None              # adapters.AdapterRegistry when LoRA is on
+        self._zero_adapter = False
 
     # -- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -92,6 +96,13 @@ class EngineAdapter:
             # gunicorn stops the whole server when its worker exits with this code, so the
             # platform sees the failure (and the log says why) instead of a 503 forever.
             os._exit(WORKER_BOOT_ERROR)
+        if self.engine.vllm_config.lora_config is not None:
+            try:
+                await self._start_adapters()
+            except Exception as e:  # noqa: BLE001 - the base adapter is part of serving
+                log.exception("LoRA adapters could not be set up")
+                self._fail(f"LoRA adapters could not be set up: {type(e).__name__}: {e}")
+                os._exit(WORKER_BOOT_ERROR)
         self.state = "ready"
 
     def _build(self) -> None:
@@ -101,6 +112,8 @@ class EngineAdapter:
         from .engine_args import build_engine_args
 
         args = build_engine_args(self.settings)
+        if args.enable_lora:
+            self._reserve_lora_slots(args)
         started = time.monotonic()
         engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
         self.engine = engine
@@ -108,6 +121,46 @@ class EngineAdapter:
         self.max_model_len = engine.model_config.max_model_len
         log.info("engine ready in %.1f s (max_model_len %d)", time.monotonic() - started,
                  self.max_model_len)
+
+    def _reserve_lora_slots(self, args) -> None:
+        """The engine gets a slot more than asked in its adapter cache (adapters.py loads a new
+        adapter before evicting one) and, where base-model requests carry the all-zero
+        adapter, a slot more in both places for that adapter."""
+        from vllm.platforms import current_platform
+
+        choice = self.settings.base_zero_adapter
+        # vLLM's CPU LoRA ops (torch_ops) read slot -1 for a row without an adapter, which is
+        # the last adapter's; its Triton (GPU) kernels skip such rows.
+        self._zero_adapter = choice == "true" or (choice == "auto" and current_platform.is_cpu())
+        zero = int(self._zero_adapter)
+        cpu = args.max_cpu_loras or args.max_loras
+        args.max_loras += zero
+        args.max_cpu_loras = cpu + 1 + zero
+
+    async def _start_adapters(self) -> None:
+        import tempfile
+        from pathlib import Path
+
+        from .adapters import AdapterRegistry, AllowedSources, LoraLimits, base_model_modules
+
+        lora = self.engine.vllm_config.lora_config
+        zero = int(self._zero_adapter)
+        model_dir = Path(self.settings.model) if Path(self.settings.model).is_dir() else None
+        weights_dir = model_dir or await asyncio.to_thread(_hub_snapshot, self.settings.model)
+        base = await asyncio.to_thread(base_model_modules, weights_dir)
+        if base is None:
+            log.warning("the base model's safetensors were not found: adapters' target "
+                        "modules and shapes are not checked before loading")
+        store = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="byo-adapters-"))
+        registry = AdapterRegistry(
+            self.engine,
+            LoraLimits(gpu_slots=lora.max_loras - zero,
+                       cpu_slots=lora.max_cpu_loras - 1 - zero, max_rank=lora.max_lora_rank),
+            AllowedSources.build(model_dir, self.settings.adapter_sources), store,
+            base_names=(self.settings.served_model_name, self.settings.model),
+            base_modules=base, zero_adapter=self._zero_adapter)
+        await registry.start(model_dir)
+        self.adapters = registry
 
     def _fail(self, why: str) -> None:
         self.failure = why
@@ -132,6 +185,9 @@ class EngineAdapter:
         self.state = "stopped"
         if engine is not None:
             engine.shutdown()
+        if self.adapters is not None:
+            import shutil
+            shutil.rmtree(self.adapters.store, ignore_errors=True)
 
     # -- requests ---------------------------------------------------------------------------
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -146,9 +202,10 @@ class EngineAdapter:
         return self.tokenizer.decode([token_id])
 
     def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any],
-                 stream: bool) -> AsyncIterator:
+                 stream: bool, lora_request=None) -> AsyncIterator:
         """The engine's outputs for one request: every new delta when ``stream``, else one
         final output. Closing the iterator early aborts the request in the engine.
+        ``lora_request``: the adapter, from ``adapters.AdapterRegistry.acquire``.
 
         ValueError: the engine rejected the request (raised on the first ``__anext__``)."""
         from vllm import SamplingParams
@@ -160,4 +217,15 @@ class EngineAdapter:
             **sampling,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         return self.engine.generate({"prompt_token_ids": prompt_token_ids}, params,
-                                    uuid.uuid4().hex)
+                                    uuid.uuid4().hex, lora_request=lora_request)
+
+
+def _hub_snapshot(model: str):
+    """The local folder of a hub model vLLM has downloaded (None if there is none)."""
+    try:
+        from pathlib import Path
+
+        from huggingface_hub import snapshot_download
+        return Path(snapshot_download(model, local_files_only=True))
+    except Exception:  # noqa: BLE001 - only a missing check follows
+        return None

@@ -28,6 +28,23 @@ ABORTED = Counter("byo_requests_aborted", "Requests aborted in the engine becaus
                   "went away")
 ENGINE_READY = Gauge("byo_engine_ready", "1 when the engine serves, 0 while loading or dead")
 
+# LoRA adapters (adapters.py), updated once per request or per load/eviction.
+ADAPTER_LOADS = Counter("byo_adapter_loads", "Adapter loads into the engine", ["adapter"])
+ADAPTER_LOAD_FAILURES = Counter("byo_adapter_load_failures",
+                                "Adapter loads refused (bad source or files, engine refusal)",
+                                ["adapter"])
+ADAPTER_EVICTIONS = Counter("byo_adapter_evictions",
+                            "Adapters evicted from the engine to make room (LRU)", ["adapter"])
+ADAPTER_HITS = Counter("byo_adapter_hits",
+                       "Requests that found their adapter already loaded", ["adapter"])
+ADAPTER_LOAD_SECONDS = Histogram("byo_adapter_load_seconds",
+                                 "From a load's start (fetch, checks) to the engine holding "
+                                 "the adapter", ["adapter"], buckets=_LATENCY_BUCKETS)
+ADAPTER_RESIDENT = Gauge("byo_adapter_resident",
+                         "1 where each adapter is now: gpu (one of the engine's active slots), "
+                         "cpu (the engine's adapter cache) or registered (known, not loaded)",
+                         ["adapter", "where"])
+
 
 def render() -> tuple[bytes, str]:
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -9,22 +9,31 @@ which blocks, runs in a thread.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import time
+from urllib.parse import parse_qs
 from typing import Any, AsyncIterator, Awaitable, Callable
 
 from . import metrics
 from .asgi import ClientGone, Request, Send, respond, respond_error, respond_json, stream
 from .config import MAX_BODY_BYTES, ServerSettings
-from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, parse_request,
-                       responder_for)
+from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, parse_body,
+                       parse_request, responder_for)
 from .engine import EngineAdapter, EngineUnavailable
+
+DEFAULT_PAGE = 100          # GET /models without max_results
 
 log = logging.getLogger("byo_vllm.routes")
 CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
+# SageMaker passes InvokeEndpoint's TargetModel in this header.
+TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 ROUTES_TEXT = ("GET|POST /ping, POST /invocations, POST /v1/completions, POST "
-               "/v1/chat/completions, GET /v1/models and GET /metrics")
+               "/v1/chat/completions, GET /v1/models, GET /metrics, and with LoRA on GET|POST "
+               "/models, GET|DELETE /models/<name>, POST /models/<name>/invoke")
+LORA_OFF = ("this server serves one model: start it with SM_VLLM_ENABLE_LORA=true (or "
+            "OPTION_ENABLE_LORA=true) to serve LoRA adapters through /models")
 
 Handler = Callable[[Request, Send, list], Awaitable[None]]
 
@@ -44,12 +53,15 @@ class Routes:
             "/v1/chat/completions": {"POST": self.chat_completions},
             "/v1/models": {"GET": self.models},
             "/metrics": {"GET": self.prometheus},
+            "/models": {"GET": self.list_models, "POST": self.load_model},
         }
 
     async def __call__(self, scope: dict, receive, send: Send) -> None:
         request = Request(scope, receive)
         methods = self.table.get(request.path)
         route = request.path if methods is not None else "unmatched"
+        if methods is None and request.path.startswith("/models/"):
+            methods, route = self._model_routes(request.path)
         # SageMaker's custom attributes come back as they went.
         attributes = request.headers.get(b"x-amzn-sagemaker-custom-attributes")
         extra = [(b"x-amzn-sagemaker-custom-attributes", attributes)] if attributes else []
@@ -105,7 +117,9 @@ class Routes:
         if self.engine is None:
             await self._invoke_handler(request, send, extra)
         else:
-            await self._generate(request, send, extra, None)
+            target = request.headers.get(TARGET_MODEL)
+            await self._generate(request, send, extra, None,
+                                 target.decode("latin-1") if target else None)
 
     async def completions(self, request: Request, send: Send, extra: list) -> None:
         await self._generate(request, send, extra, "completion")
@@ -114,9 +128,73 @@ class Routes:
         await self._generate(request, send, extra, "chat")
 
     async def models(self, request: Request, send: Send, extra: list) -> None:
-        await respond_json(send, {"object": "list", "data": [
-            {"id": self.settings.served_model_name, "object": "model", "owned_by": "spectrum",
-             "max_model_len": self.engine.max_model_len if self.engine else None}]}, 200, extra)
+        data = [{"id": self.settings.served_model_name, "object": "model", "owned_by": "spectrum",
+                 "max_model_len": self.engine.max_model_len if self.engine else None}]
+        adapters = self.engine.adapters if self.engine is not None else None
+        if adapters is not None:
+            data += [{"id": a.name, "object": "model", "owned_by": "spectrum",
+                      "parent": self.settings.served_model_name} for a in adapters.all()]
+        await respond_json(send, {"object": "list", "data": data}, 200, extra)
+
+    # -- many models: SageMaker's multi-model contract over LoRA adapters (adapters.py) ----
+    def _model_routes(self, path: str) -> tuple[dict[str, Handler] | None, str]:
+        name, _, rest = path[len("/models/"):].partition("/")
+        if not name or rest not in ("", "invoke"):
+            return None, "unmatched"
+        if rest == "invoke":
+            return ({"POST": functools.partial(self.invoke_model, name)},
+                    "/models/{name}/invoke")
+        return ({"GET": functools.partial(self.get_model, name),
+                 "DELETE": functools.partial(self.unload_model, name)}, "/models/{name}")
+
+    def _adapters(self):
+        adapters = self.engine.adapters if self.engine is not None else None
+        if adapters is None:
+            if self.engine is not None and not self.engine.ready:
+                raise EngineUnavailable(self.engine.dead_error or "the model is still "
+                                        "loading: retry when /ping answers 200")
+            raise BadRequest(LORA_OFF, None, 501)
+        return adapters
+
+    async def load_model(self, request: Request, send: Send, extra: list) -> None:
+        adapters = self._adapters()
+        data = parse_body(await self._body(request))
+        for key in ("model_name", "url"):
+            if key not in data:
+                raise BadRequest(f"the body needs {key!r}: POST /models {{\"model_name\": "
+                                 "NAME, \"url\": FOLDER or s3://PREFIX[, \"pinned\": true]}",
+                                 key)
+        adapter = await adapters.load(data["model_name"], data["url"], data.get("pinned", False))
+        await respond_json(send, {"message": f"model {adapter.name} loaded"} | adapter.describe(),
+                           200, extra)
+
+    async def list_models(self, request: Request, send: Send, extra: list) -> None:
+        adapters = self._adapters()
+        query = parse_qs(request.scope.get("query_string", b"").decode("latin-1"))
+        token = query.get("next_page_token", [None])[0]
+        raw = query.get("max_results", [str(DEFAULT_PAGE)])[0]
+        if not raw.isdigit() or not 1 <= int(raw) <= 1000:
+            raise BadRequest(f"max_results={raw!r} must be a whole number from 1 to 1000",
+                             "max_results")
+        page, following = adapters.page(token, int(raw))
+        body: dict[str, Any] = {"models": [a.describe() for a in page]}
+        if following:
+            body["nextPageToken"] = following
+        await respond_json(send, body, 200, extra)
+
+    async def get_model(self, name: str, request: Request, send: Send, extra: list) -> None:
+        adapters = self._adapters()
+        await respond_json(send, adapters.status(adapters.get(name)), 200, extra)
+
+    async def unload_model(self, name: str, request: Request, send: Send, extra: list) -> None:
+        await self._adapters().unload(name)
+        await respond_json(send, {"message": f"model {name} unloaded"}, 200, extra)
+
+    async def invoke_model(self, name: str, request: Request, send: Send, extra: list) -> None:
+        adapters = self._adapters()
+        if not adapters.is_base(name):
+            adapters.get(name)                 # 404 before the body is read
+        await self._generate(request, send, extra, None, name)
 
     async def prometheus(self, request: Request, send: Send, extra: list) -> None:
         body, content_type = metrics.render()
@@ -124,15 +202,31 @@ class Routes:
 
     # -- generation -------------------------------------------------------------------------
     async def _generate(self, request: Request, send: Send, extra: list,
-                        dialect: str | None) -> None:
+                        dialect: str | None, model: str | None = None) -> None:
         engine = self.engine
         if engine is None:
             raise BadRequest("this server runs a model.py handler: send requests to "
                              "/invocations", None, 404)
-        req = parse_request(await self._body(request), dialect)
+        body = await self._body(request)
+        req = parse_request(body, dialect)
         if not engine.ready:
             raise EngineUnavailable(engine.dead_error or "the model is still loading: retry "
                                     "when /ping answers 200")
+        if engine.adapters is None:
+            await self._generate_with(request, send, extra, req, None)
+            return
+        if model is None and b'"model"' in body:      # OpenAI's field names the adapter
+            named = parse_body(body).get("model")
+            model = named if isinstance(named, str) and named else None
+        lease = await engine.adapters.acquire(model)
+        try:
+            await self._generate_with(request, send, extra, req, lease)
+        finally:
+            lease.release()
+
+    async def _generate_with(self, request: Request, send: Send, extra: list,
+                             req: GenerationRequest, lease) -> None:
+        engine = self.engine
         prompt_ids = _prompt_ids(engine, req)
         sampling = dict(req.sampling, max_tokens=check_lengths(req, len(prompt_ids),
                                                                 engine.max_model_len))
@@ -140,7 +234,8 @@ class Routes:
             sampling["logprobs"] = 0
         submitted = time.monotonic()
         try:
-            outputs = engine.generate(prompt_ids, sampling, req.stream)
+            outputs = engine.generate(prompt_ids, sampling, req.stream,
+                                      lease.lora_request if lease is not None else None)
         except ValueError as e:                   # vLLM's own validation of the request
             raise BadRequest(f"the engine rejected the request: {e}") from None
         metrics.WAITING.inc()
@@ -155,7 +250,9 @@ class Routes:
             raise
         finally:
             metrics.WAITING.dec()
-        responder = responder_for(req, self.settings.served_model_name, engine.decode_one)
+        answering = lease.name if lease is not None and lease.name else \
+            self.settings.served_model_name
+        responder = responder_for(req, answering, engine.decode_one)
         if not req.stream:
             async for first in outputs:       # FINAL_ONLY: already the last; let it end
                 pass
