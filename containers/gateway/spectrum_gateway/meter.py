@@ -6,6 +6,7 @@ model, upstream and status: never a key, never a prompt.
 """
 from __future__ import annotations
 
+import functools
 import time
 
 METRIC_HELP = {
@@ -43,21 +44,34 @@ def ledger_entry(*, request_id: str, tenant: str, key_id: str, model: str | None
             "cost_usd": round(cost_usd, 8)}
 
 
+@functools.lru_cache(maxsize=8192)
+def _names(tenant: str, model: str, upstream: str, status: int) -> tuple:
+    """The sample names one (tenant, model, upstream, status) counts under, built once."""
+    per_call = dict(tenant=tenant, model=model, upstream=upstream)
+    per_upstream = dict(tenant=tenant, upstream=upstream)
+    return (sample("spectrum_gateway_requests_total", **per_call, status=status),
+            sample("spectrum_gateway_tokens_total", **per_call, direction="input"),
+            sample("spectrum_gateway_tokens_total", **per_call, direction="output"),
+            sample("spectrum_gateway_cost_usd_total", **per_upstream),
+            sample("spectrum_gateway_request_seconds_sum", **per_upstream),
+            sample("spectrum_gateway_request_seconds_count", **per_upstream))
+
+
 def increments(entry: dict) -> dict:
     """The counter increments one ledger entry makes."""
-    tenant, model, upstream = entry["tenant"], entry["model"] or "", entry["upstream"] or ""
-    out = {sample("spectrum_gateway_requests_total", tenant=tenant, model=model,
-                  upstream=upstream, status=entry["status"]): 1}
+    model, upstream = entry["model"] or "", entry["upstream"] or ""
+    requests, tokens_in, tokens_out, cost, seconds, count = _names(
+        entry["tenant"], model, upstream, entry["status"])
+    out = {requests: 1}
     if upstream:
-        for direction in ("input", "output"):
-            n = entry[f"{direction}_tokens"]
-            if n:
-                out[sample("spectrum_gateway_tokens_total", tenant=tenant, model=model,
-                           upstream=upstream, direction=direction)] = n
+        if entry["input_tokens"]:
+            out[tokens_in] = entry["input_tokens"]
+        if entry["output_tokens"]:
+            out[tokens_out] = entry["output_tokens"]
         if entry["cost_usd"]:
-            out[sample("spectrum_gateway_cost_usd_total", tenant=tenant, upstream=upstream)] = entry["cost_usd"]
-        out[sample("spectrum_gateway_request_seconds_sum", tenant=tenant, upstream=upstream)] = entry["latency_ms"] / 1000
-        out[sample("spectrum_gateway_request_seconds_count", tenant=tenant, upstream=upstream)] = 1
+            out[cost] = entry["cost_usd"]
+        out[seconds] = entry["latency_ms"] / 1000
+        out[count] = 1
     for failed in entry["fallback_from"]:
         out[sample("spectrum_gateway_fallbacks_total", model=model, upstream=failed)] = 1
     return out
