@@ -687,10 +687,13 @@ class AdapterRegistry:
         start = ""
         if token:
             try:
-                start = base64.urlsafe_b64decode(token.encode() + b"==").decode()
-            except (ValueError, UnicodeDecodeError):
+                padded = token.encode("ascii") + b"=" * (-len(token) % 4)
+                start = base64.b64decode(padded, altchars=b"-_", validate=True).decode()
+            except (ValueError, UnicodeError):
+                start = ""
+            if not NAME_PATTERN.match(start):
                 raise BadRequest(f"next_page_token={token!r} is not a token this server "
-                                 "gave: start again without it", "next_page_token") from None
+                                 "gave: start again without it", "next_page_token")
         names = sorted(n for n in self._adapters if n >= start)
         chosen = names[:max_results]
         following = names[max_results] if len(names) > max_results else None
