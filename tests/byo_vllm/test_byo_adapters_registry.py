@@ -46,11 +46,13 @@ def setup(tmp_path):
     write_peft_adapter(model / "adapters" / "refused", 9)
     engine = RecordingEngine()
 
-    def make(cpu_slots: int = 2, zero: bool = True) -> AdapterRegistry:
+    async def make(cpu_slots: int = 2, zero: bool = True) -> AdapterRegistry:
+        """A started registry: the zero adapter loaded, the folder's adapters registered."""
         registry = AdapterRegistry(engine, LoraLimits(gpu_slots=1, cpu_slots=cpu_slots,
                                                       max_rank=8),
-                                   AllowedSources.build(model), tmp_path / "store",
+                                   AllowedSources.build(model), tmp_path / f"store{zero}",
                                    base_names=("base",), base_modules=TINY, zero_adapter=zero)
+        await registry.start(model)
         return registry
     return make, engine, model
 
@@ -63,16 +65,14 @@ def test_the_base_carries_the_pinned_zero_adapter_and_folder_adapters_are_regist
     make, engine, model = setup
 
     async def go():
-        registry = make()
-        await registry.start(model)
+        registry = await make()
         assert engine.added == ["spectrum-base-zero"] and engine.pinned == [1]
         assert [a.name for a in registry.all()] == ["a1", "a2", "a3", "a4", "refused"]
         assert {registry.where(a) for a in registry.all()} == {"registered"}
         for name in (None, "base"):
             lease = await registry.acquire(name)
             assert lease.lora_request.lora_name == "spectrum-base-zero" and lease.name is None
-        no_zero = make(zero=False)
-        await no_zero.start(model)
+        no_zero = await make(zero=False)
         assert (await no_zero.acquire(None)).lora_request is None
     run(go())
 
@@ -81,8 +81,7 @@ def test_concurrent_first_requests_share_one_load(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make()
-        await registry.start(model)
+        registry = await make()
         leases = await asyncio.gather(*(registry.acquire("a1") for _ in range(64)))
         assert engine.added.count("a1-2") == 1
         assert {lease.lora_request.lora_int_id for lease in leases} == {2}
@@ -98,8 +97,7 @@ def test_lru_evicts_the_oldest_idle_never_one_with_requests_running(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make(cpu_slots=2)
-        await registry.start(model)
+        registry = await make(cpu_slots=2)
         held = await registry.acquire("a1")           # a1 busy
         (await registry.acquire("a2")).release()
         (await registry.acquire("a3")).release()      # evicts a2, not the older a1
@@ -122,8 +120,7 @@ def test_pinned_adapters_stay_and_a_cache_full_of_them_is_507(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make(cpu_slots=2)
-        await registry.start(model)
+        registry = await make(cpu_slots=2)
         for name in ("p1", "p2"):
             await registry.load(name, str(model / "adapters" / "a1"), pinned=True)
         with pytest.raises(BadRequest) as e:
@@ -143,8 +140,7 @@ def test_an_adapter_the_engine_refuses_costs_no_other_adapter(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make(cpu_slots=2)
-        await registry.start(model)
+        registry = await make(cpu_slots=2)
         for name in ("a1", "a2"):
             (await registry.acquire(name)).release()
         removed = list(engine.removed)
@@ -160,8 +156,7 @@ def test_409_unload_waits_for_running_requests_then_a_reload_is_new(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make()
-        await registry.start(model)
+        registry = await make()
         url = str(model / "adapters" / "a1")
         await registry.load("b", url)
         with pytest.raises(BadRequest) as e:
@@ -187,8 +182,7 @@ def test_pages_cover_every_adapter_once(setup):
     make, engine, model = setup
 
     async def go():
-        registry = make()
-        await registry.start(model)
+        registry = await make()
         seen, token = [], None
         while True:
             page, token = registry.page(token, 2)
