@@ -286,6 +286,16 @@ class RedisQuota:
                         requests_reset_ms=int(rq_reset), tokens_reset_ms=int(tq_reset),
                         retry_after_ms=max(0, int(retry)), spent_usd=int(spent) / MICRO)
 
+    def _settle_keys(self, limits: TenantLimits) -> list[str]:
+        keys = self._keys(limits.name, month_now()[0])
+        return [keys[2], keys[3], keys[4], keys[5]]
+
+    def settle_in(self, pipe, limits: TenantLimits, request_id: str, tokens_delta: int,
+                  cost_delta_usd: float) -> None:
+        """Queue the settle script on ``pipe`` (by its SHA; see ``RedisStore.finish``)."""
+        pipe.evalsha(self._settle.sha, 4, *self._settle_keys(limits), request_id,
+                     int(tokens_delta), int(round(cost_delta_usd * MICRO)))
+
     async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
                      cost_delta_usd: float) -> None:
         month, _ = month_now()

@@ -23,8 +23,9 @@ from .errors import StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
 
 PREFIX = "spectrum"
-KEYS_RELOAD_S = 0.25
-POOL_CONNECTIONS = 16    # Redis connections per worker     # the memory store re-reads keys.json at most this often
+KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
+KEY_CACHE_S = 0.5        # a Redis worker trusts a key record this long: revocations land within it
+POOL_CONNECTIONS = 16    # Redis connections per worker
 
 
 def open_store(config: GatewayConfig):
@@ -152,6 +153,7 @@ class RedisStore:
         self.keys_key = f"{PREFIX}:keys"
         self.ledger_key = f"{PREFIX}:ledger"
         self.metrics_key = f"{PREFIX}:metrics"
+        self._key_cache: dict[str, tuple] = {}     # id → (record, when read)
 
     async def _call(self, coro):
         import redis.exceptions as rex
@@ -161,8 +163,17 @@ class RedisStore:
             raise StoreUnavailable(self.name, type(e).__name__ + (f": {e}" if str(e) else "")) from None
 
     async def get_key(self, key_id: str) -> dict | None:
+        now = time.monotonic()
+        cached = self._key_cache.get(key_id)
+        if cached is not None and now - cached[1] < KEY_CACHE_S:
+            return cached[0]
         raw = await self._call(self.redis.hget(self.keys_key, key_id))
-        return json.loads(raw) if raw else None
+        record = json.loads(raw) if raw else None
+        if record is not None:            # unknown ids are not cached: a new key works at once
+            if len(self._key_cache) > 100_000:
+                self._key_cache.clear()
+            self._key_cache[key_id] = (record, now)
+        return record
 
     async def put_key(self, record: dict) -> None:
         await self._call(self.redis.hset(self.keys_key, record["id"], json.dumps(record)))
@@ -178,14 +189,23 @@ class RedisStore:
     async def finish(self, limits: TenantLimits | None, request_id: str, tokens_delta: int,
                      cost_delta_usd: float, entry: dict | None, increments: dict) -> None:
         async def run():
-            if limits is not None:   # EVALSHA, loading the script if this Redis lacks it
-                await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
+            import redis.exceptions as rex
+            # One round trip: the settle script, the ledger entry, the counters.
             pipe = self.redis.pipeline(transaction=False)
+            if limits is not None:
+                self.quota.settle_in(pipe, limits, request_id, tokens_delta, cost_delta_usd)
             if entry is not None:
                 pipe.xadd(self.ledger_key, {"e": json.dumps(entry, separators=(",", ":"))})
             for field, value in increments.items():
                 pipe.hincrbyfloat(self.metrics_key, field, value)
-            await pipe.execute()
+            results = await pipe.execute(raise_on_error=False)
+            for i, result in enumerate(results):
+                if i == 0 and limits is not None and isinstance(result, rex.NoScriptError):
+                    # A Redis that lost its scripts (restarted): settle through the script
+                    # object, which loads it; the rest of the pipeline has already run.
+                    await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
+                elif isinstance(result, Exception):
+                    raise result
         await self._call(run())
 
     async def count(self, increments: dict) -> None:
