@@ -50,6 +50,12 @@ def test_the_issue_example_loads(tmp_path):
     assert config.tenant("someone").rpm == 60 and config.tenant("someone").name == "someone"
 
 
+def test_the_example_config_shipped_beside_serve_loads():
+    config = load_config(GATEWAY_DIR / "gateway.example.yaml")
+    assert config.models["chat"].upstream("managed").bedrock["model_id"] == "amazon.nova-lite-v1:0"
+    assert config.models["chat"].tenant_overrides == {"acme": "stable"}
+
+
 def test_weights_summing_to_zero_name_their_line(tmp_path):
     message = error_of(tmp_path, GOOD.replace("weight: 90", "weight: 0").replace("weight: 10", "weight: 0"))
     assert "line 7: models.chat.upstreams: the weights sum to 0" in message
