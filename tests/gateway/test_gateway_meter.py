@@ -112,3 +112,42 @@ def test_store_down_is_503_fast_naming_it_and_recovers_without_restart(
     finally:
         gw.stop()
         store.stop()
+
+
+def test_a_killed_worker_is_replaced_while_the_other_serves(tmp_path, redis_server, upstreams,
+                                                            dead_port, jwt_keys):
+    import os
+    import signal
+
+    import psutil
+    gw = Gateway(tmp_path, gateway_config(redis_server.url, upstreams, dead_port,
+                                          jwt_keys["jwks_file"]), workers=2).start()
+    try:
+        key = gw.create_key("acme")
+        headers = {"Authorization": f"Bearer {key['key']}"}
+        body = {"model": "chat", "messages": HI, "max_tokens": 1}
+
+        def workers():
+            return {p.pid for p in psutil.Process(gw.process.pid).children()
+                    if "spawn_main" in " ".join(p.cmdline())}
+        before = wait_for(lambda: len(workers()) == 2 and workers(), 30, "two workers")
+        victim = sorted(before)[0]
+        os.kill(victim, signal.SIGKILL)
+        with httpx.Client(limits=httpx.Limits(max_keepalive_connections=0), timeout=10) as fresh:
+            # The survivor answers meanwhile; a connection the dead worker accepted may reset.
+            codes = []
+            for _ in range(10):
+                try:
+                    codes.append(fresh.post(gw.url + "/v1/chat/completions", json=body,
+                                            headers=headers).status_code)
+                except httpx.TransportError:
+                    codes.append("reset")
+            assert codes.count(200) >= 8, codes
+            after = wait_for(lambda: len(workers()) == 2 and workers(), 60, "a new worker")
+            assert victim not in after
+            wait_for(lambda: gw.log().count("Application startup complete") >= 3, 60,
+                     "the new worker to start")
+            assert {fresh.post(gw.url + "/v1/chat/completions", json=body, headers=headers).status_code
+                    for _ in range(10)} == {200}
+    finally:
+        gw.stop()
