@@ -340,6 +340,10 @@ class Gateway:
         self.inflight += 1
         try:
             async for data in response.aiter_raw():
+                if not buffer and data.endswith(b"\n\n") and b'"usage"' not in data:
+                    chunks += data.count(b"data: {")     # whole events, nothing to take out:
+                    yield data                           # passed on as they came
+                    continue
                 events, buffer = split_events(buffer + data)
                 for event in events:
                     if b'"usage"' in event:
