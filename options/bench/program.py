@@ -37,6 +37,8 @@ TAIL = ("p95", "p99")
 # exports a Counter named X as X_total.
 PREFIX_QUERIES = "vllm:prefix_cache_queries"
 PREFIX_HITS = "vllm:prefix_cache_hits"
+NO_HIT_RATE = ("not measured: the target's /metrics shows no vLLM prefix-cache lookups during the run "
+               "(no such page, as on SageMaker or Bedrock, or prefix caching is off)")
 SYSTEM_PROMPT_HEAD = "You are a careful research agent. Answer from the context."
 
 
@@ -334,7 +336,7 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
                             details={**details, "warmup_requests": args.warmup,
                                      "prompt_calibration": tokens.to_json() if tokens else None,
                                      "prefix_cache": "vLLM's /metrics counters" if rate is not None else
-                                     "not read: the target serves no vLLM /metrics page"})
+                                     NO_HIT_RATE})
     doc.update(program=parts["program"], steps=parts["steps"], prefix_cache_hit_rate=rate)
     if args.json:
         report.write_json(doc, args.json)
@@ -379,7 +381,7 @@ def render_table(doc: dict[str, Any]):
     tput.add_row("completed", f"{prog['completed']} of {p['programs']} programs")
     tput.add_row("tokens in / out (server usage)",
                  f"{doc['counts']['input_tokens']:,} / {doc['counts']['output_tokens']:,}")
-    tput.add_row("prefix-cache hit rate", "not reported by the target" if rate is None else f"{rate:.1%}")
+    tput.add_row("prefix-cache hit rate", "not measured" if rate is None else f"{rate:.1%}")
     tput.add_row("wall time", f"{doc['duration_s']:.2f} s")
     tput.add_row("errors", ", ".join(f"{k}: {v}" for k, v in prog["errors"].items()) or "none")
     return Group(lat, tail, tput)

@@ -123,6 +123,9 @@ def test_prefix_cache_counters_sum_engines_and_skip_other_series():
     assert program.hit_rate((1500.0, 750.0), (2500.0, 1550.0)) == pytest.approx(0.8)
     assert program.hit_rate((1500.0, 750.0), (1500.0, 750.0)) is None     # nothing was asked
     assert program.hit_rate(None, (1.0, 1.0)) is None
+    # No page to read (SageMaker, Bedrock, a server that is gone): no rate, no failure.
+    assert program.read_prefix_cache(None) is None
+    assert program.read_prefix_cache("http://127.0.0.1:9") is None
 
 
 # --- the CLI against a stand-in server ------------------------------------------------------------
