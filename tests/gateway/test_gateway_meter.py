@@ -128,8 +128,15 @@ def test_a_killed_worker_is_replaced_while_the_other_serves(tmp_path, redis_serv
         body = {"model": "chat", "messages": HI, "max_tokens": 1}
 
         def workers():
-            return {p.pid for p in psutil.Process(gw.process.pid).children()
-                    if "spawn_main" in " ".join(p.cmdline())}
+            """The live worker processes (a killed one is a zombie until it is reaped)."""
+            live = set()
+            for p in psutil.Process(gw.process.pid).children():
+                try:
+                    if p.status() != psutil.STATUS_ZOMBIE and "spawn_main" in " ".join(p.cmdline()):
+                        live.add(p.pid)
+                except psutil.Error:
+                    pass
+            return live
         before = wait_for(lambda: len(workers()) == 2 and workers(), 30, "two workers")
         victim = sorted(before)[0]
         os.kill(victim, signal.SIGKILL)
