@@ -4,6 +4,7 @@ wheel. (tests/byo_vllm/test_container.py builds and runs the CPU one.)"""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -162,13 +163,17 @@ def test_engine_version_matches_the_cpu_engine_the_tests_use():
     assert image_version == cpu_version == cpu_image_version
 
 
-def test_build_script_rejects_bad_arguments_by_name():
-    build = IMAGE_DIR / "build"
-    for argv, named in ((["--gpu"], "'--gpu'"), (["--cpu", "--tag", "Bad Tag"], "'Bad Tag'"),
-                        (["--cpu", "--tag"], "--tag needs a value")):
-        done = subprocess.run([str(build), *argv], capture_output=True, text=True, timeout=30)
-        assert done.returncode == 2, (argv, done.stderr)
-        assert named in done.stderr and "usage:" in done.stderr, done.stderr
+@pytest.mark.parametrize("argv, env, named", [
+    (["--gpu"], {}, "'--gpu'"),
+    (["--cpu", "--tag", "Bad Tag"], {}, "'Bad Tag'"),
+    (["--cpu", "--tag"], {}, "--tag needs a value"),
+    (["--cpu"], {"SPECTRUM_CONTAINER_TOOL": "nerdctl"}, "'nerdctl' is not a container tool"),
+])
+def test_build_script_rejects_bad_arguments_by_name(argv, env, named):
+    done = subprocess.run([str(IMAGE_DIR / "build"), *argv], capture_output=True, text=True,
+                          timeout=30, env={**os.environ, **env})
+    assert done.returncode == 2, (argv, done.stderr)
+    assert named in done.stderr and "usage:" in done.stderr, done.stderr
 
 
 def test_cpu_image_without_a_compiler_runs_the_model_eager():

@@ -30,6 +30,7 @@ CONTAINERS_CONF = IMAGE_DIR / "podman" / "containers.conf"
 IMAGE_TAG = "spectrum-byo-vllm:cpu"
 BUILD_TIMEOUT_S = 45 * 60          # a cold build on a slow, shared machine; warm: seconds
 READY_TIMEOUT_S = 300
+FIRST_ANSWER_WITHIN_S = 20
 # Secrets a user passes to the container: their values must never reach the log.
 # SM_VLLM_HF_TOKEN is an engine argument (vLLM's --hf-token), so it is in the logged config.
 SECRETS = {"HF_TOKEN": "hf_spectrumContainerTest0aX9", "SM_VLLM_HF_TOKEN": "hf_spectrumEngineArg7qZ2",
@@ -74,8 +75,10 @@ class Container:
 def build_image() -> str:
     """Runs the build script; returns the tag it printed last."""
     started = time.monotonic()
+    # podman builds it where podman runs it, even beside a docker daemon.
     done = subprocess.run([str(BUILD_SCRIPT), "--cpu", "--tag", IMAGE_TAG], capture_output=True,
-                          text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO_ROOT)
+                          text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO_ROOT,
+                          env={**os.environ, "SPECTRUM_CONTAINER_TOOL": "podman"})
     assert done.returncode == 0, f"build failed ({done.returncode}):\n{done.stderr[-4000:]}"
     lines = done.stdout.strip().splitlines()
     assert lines and lines[-1] == IMAGE_TAG, f"build's last line is not the tag: {lines[-3:]}"
@@ -135,9 +138,9 @@ def test_ping_answers_503_while_the_engine_loads_then_200(container):
     # never a 200 before the model is in.
     assert answered[0][1] == 503, f"first answers: {answered[:3]}"
     assert all(s == 503 for _, s in answered[:-1]), f"unexpected answers: {set(answered)}"
-    # ...and it answers long before the engine is ready (SageMaker: accept within 250 ms of
-    # start; here the container's own start-up comes first).
-    assert answered[0][0] < container.ready_s
+    # ...and it answers at once, not when the engine is ready (SageMaker: accept connections
+    # within 250 ms of start; here the container's own start-up and a loaded machine add to it).
+    assert answered[0][0] < FIRST_ANSWER_WITHIN_S, f"first answer after {answered[0][0]:.1f} s"
 
 
 def test_startup_log_masks_secrets_and_says_how_the_model_runs(container):
