@@ -145,7 +145,8 @@ def render(doc: dict[str, Any]):
     tail = Table(show_header=False, box=None)
     tail.add_row("wall time", _ms(t["wall_ms"]))
     tail.add_row("cost", doc["cost_basis"])
-    tail.add_row("answer", doc["answer"][:600])
+    # A random-weight model's answer holds control characters: shown, not sent to the terminal.
+    tail.add_row("answer", "".join(ch if ch.isprintable() or ch == "\n" else "�" for ch in doc["answer"][:600]))
     return Group(head, calls, tail)
 
 
