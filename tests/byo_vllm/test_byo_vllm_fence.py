@@ -25,6 +25,8 @@ FILES_WITHOUT_GENERATE = {
         class SamplingParams:
             output_kind: RequestOutputKind = RequestOutputKind.CUMULATIVE
         """,
+    "vllm/lora/__init__.py": "",
+    "vllm/lora/request.py": "class LoRARequest:\n    pass\n",
     "vllm/v1/__init__.py": "",
     "vllm/v1/engine/__init__.py": "",
     # An engine whose API changed: no generate(), so the adapter cannot drive it.
