@@ -10,7 +10,7 @@ import os
 import sys
 from typing import Any
 
-from options.core import BadInput
+from options.core import BadInput, exit_code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -18,14 +18,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         data, render = args.handler(args)
-    except BadInput as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except Exception as exc:  # a failure, not bad input: one line, no traceback unless asked for
-        if os.environ.get("SPECTRUM_DEBUG"):
-            raise
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what is not ours
+        return exit_code(exc, lambda line: print(line, file=sys.stderr))
     try:
         if args.json:
             print(json.dumps(data, indent=2, ensure_ascii=False))

@@ -15,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from typing import Any
 
-from options.core import BadInput, mask_secrets
+from options.core import BadInput, exit_code, mask_secrets
 from options.local_target import DEFAULT_PROMPT, sample_request
 from options.output import Console, emit, format_answer, print_plan
 from options.plan import Plan
 from options.output import progress_to_stderr
-from options.spectrum import RUNGS, UnknownLevel, check_target, rung, rung_module
+from options.spectrum import RUNGS, check_target, rung, rung_module
 EXAMPLES = """examples:
   python -m options.deploy --level 3                          serve the tiny model locally, one sample
   python -m options.deploy --level 3 --plan                   what --target aws would send (nothing sent)
@@ -261,17 +260,8 @@ def main(argv: list[str] | None = None) -> int:
             check_target(args.level, args.target)
             return run_emulator(module, spec, args, say)
         return _finish(run_cloud(module, spec, args, say, _target(args)), say)
-    except (BadInput, UnknownLevel) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        return 130
-    except Exception as exc:  # a failure, not a bug report: say what failed, no traceback
-        if os.environ.get("SPECTRUM_DEBUG"):
-            raise
-        print(f"failed: {exc}", file=sys.stderr)
-        return 1
+    except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what is not ours
+        return exit_code(exc, lambda line: print(line, file=sys.stderr))
 
 
 if __name__ == "__main__":

@@ -17,12 +17,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from options.core import BadInput
+from options.core import BadInput, exit_code
 
 EXAMPLES = __doc__.split("\n\n")[1]
 
@@ -69,17 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.json, highlight=False)
     try:
         return _run(args, console)
-    except BadInput as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        return 1
-    except Exception as exc:  # a failure to report, not a traceback (SPECTRUM_DEBUG=1 shows it)
-        if os.environ.get("SPECTRUM_DEBUG"):
-            raise
-        console.print(f"[red]failed:[/red] {exc}")
-        return 1
+    except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what is not ours
+        return exit_code(exc, console.print)
 
 
 def _run(args: argparse.Namespace, console) -> int:

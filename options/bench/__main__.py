@@ -18,7 +18,7 @@ import time
 import urllib.request
 from typing import Any, Iterator
 
-from options.core import BEDROCK, OPENAI_COMPLETIONS, BadInput, rung
+from options.core import BEDROCK, OPENAI_COMPLETIONS, BadInput, exit_code, rung
 from options.core.wire import DIALECTS
 
 EXAMPLES = __doc__.split("\n\n")[1]
@@ -214,17 +214,8 @@ def main(argv: list[str] | None = None) -> int:
                 from options.bench.program import bench_programs
                 return bench_programs(args, template, send, details, console)
             return _bench(args, profile, template, send, details, console)
-    except BadInput as exc:
-        console.print(f"[red]error:[/red] {exc}")
-        return 2
-    except KeyboardInterrupt:
-        console.print("interrupted")
-        return 1
-    except Exception as exc:  # a failure to report, not a traceback (SPECTRUM_DEBUG=1 shows it)
-        if os.environ.get("SPECTRUM_DEBUG"):
-            raise
-        console.print(f"[red]failed:[/red] {exc}")
-        return 1
+    except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what is not ours
+        return exit_code(exc, console.print)
 
 
 def _bench(args, profile, template, send, details, console) -> int:

@@ -5,7 +5,7 @@ It imports nothing of the project (``tests/import_graph.py`` checks it), so the 
 ``cost/``, ``infra/`` and the images under ``containers/`` can all import it, and an image
 carries it without carrying the rest (``options/__init__.py`` imports nothing).
 """
-from options.core.errors import BadInput
+from options.core.errors import BadInput, exit_code
 from options.core.masking import MASK, is_secret_name, mask_secrets, mask_secrets_text
 from options.core.rungs import LEVELS, RUNGS, Capabilities, Rung, UnknownLevel, rung
 from options.core.wire import (BEDROCK, DIALECTS, OPENAI_CHAT, OPENAI_COMPLETIONS, TGI,
@@ -13,5 +13,5 @@ from options.core.wire import (BEDROCK, DIALECTS, OPENAI_CHAT, OPENAI_COMPLETION
 
 __all__ = ["BEDROCK", "BadInput", "Capabilities", "DIALECTS", "LEVELS", "MASK", "OPENAI_CHAT",
            "OPENAI_COMPLETIONS", "RUNGS", "Rung", "TGI", "UnknownDialect", "UnknownLevel",
-           "canonical_dialect", "detect_dialect", "is_secret_name", "mask_secrets",
+           "canonical_dialect", "detect_dialect", "exit_code", "is_secret_name", "mask_secrets",
            "mask_secrets_text", "rung"]
