@@ -634,14 +634,14 @@ class AdapterRegistry:
     async def load(self, name: Any, url: Any, pinned: Any = False) -> Adapter:
         """POST /models: 409 for a name already known, 403/400 for the source, 507 when every
         slot is pinned."""
+        if name in self.base_names:
+            raise BadRequest(f"model_name={name!r} is the base model's name: choose another",
+                             "model_name", 409)
         if not isinstance(name, str) or not NAME_PATTERN.match(name):
             raise BadRequest(f"model_name={name!r}: 1-128 letters, digits, '.', '_' or '-', "
                              "starting with a letter or digit", "model_name")
         if not isinstance(pinned, bool):
             raise BadRequest(f"pinned={pinned!r} must be true or false", "pinned")
-        if name in self.base_names:
-            raise BadRequest(f"model_name={name!r} is the base model's name: choose another",
-                             "model_name", 409)
         if name in self._adapters:
             raise BadRequest(f"model {name!r} is already loaded (from "
                              f"{self._adapters[name].url}): DELETE /models/{name} first to "

@@ -123,19 +123,22 @@ class EngineAdapter:
                  self.max_model_len)
 
     def _reserve_lora_slots(self, args) -> None:
-        """The engine gets a slot more than asked in its adapter cache (adapters.py loads a new
-        adapter before evicting one) and, where base-model requests carry the all-zero
-        adapter, a slot more in both places for that adapter."""
+        """Sizes the engine's adapter slots for adapters.py: one more in its adapter cache
+        than asked (a new adapter is loaded before another is evicted), one more for the
+        all-zero adapter where base-model requests carry it, and a GPU slot for every cached
+        adapter. With fewer GPU slots than cached adapters, vLLM 0.32 swaps adapters in and
+        out of the slots as batches change, and under a mix of more adapters than slots that
+        left a running request's adapter out of its slots: the engine died (KeyError in
+        punica_wrapper convert_mapping). Here an adapter keeps its slot while it is loaded."""
         from vllm.platforms import current_platform
 
         choice = self.settings.base_zero_adapter
         # vLLM's CPU LoRA ops (torch_ops) read slot -1 for a row without an adapter, which is
         # the last adapter's; its Triton (GPU) kernels skip such rows.
         self._zero_adapter = choice == "true" or (choice == "auto" and current_platform.is_cpu())
-        zero = int(self._zero_adapter)
-        cpu = args.max_cpu_loras or args.max_loras
-        args.max_loras += zero
-        args.max_cpu_loras = cpu + 1 + zero
+        cached = args.max_cpu_loras or args.max_loras
+        args.max_cpu_loras = cached + 1 + int(self._zero_adapter)
+        args.max_loras = args.max_cpu_loras
 
     async def _start_adapters(self) -> None:
         import tempfile
@@ -154,7 +157,7 @@ class EngineAdapter:
         store = Path(await asyncio.to_thread(tempfile.mkdtemp, prefix="byo-adapters-"))
         registry = AdapterRegistry(
             self.engine,
-            LoraLimits(gpu_slots=lora.max_loras - zero,
+            LoraLimits(gpu_slots=lora.max_loras - 1 - zero,
                        cpu_slots=lora.max_cpu_loras - 1 - zero, max_rank=lora.max_lora_rank),
             AllowedSources.build(model_dir, self.settings.adapter_sources), store,
             base_names=(self.settings.served_model_name, self.settings.model),
