@@ -96,14 +96,17 @@ def test_jwt_tenant_not_listed_gets_default(gateway, jwt_keys):
     assert raw.headers["x-ratelimit-limit-requests"] == "1000"
 
 
+# Times are offsets from when the test runs, not from when pytest collected it: a long suite
+# can run this many minutes after collection.
 @pytest.mark.parametrize("claims, fragment", [
-    ({"exp": int(time.time()) - 10}, "Signature has expired"),
-    ({"nbf": int(time.time()) + 600}, "not yet valid"),
-    ({"iss": "https://evil.example"}, "Invalid issuer"),
-    ({"aud": "someone-else"}, "Audience doesn't match"),
-    ({"exp": None}, 'Token is missing the "exp" claim'),
-])
+    (lambda now: {"exp": now - 10}, "Signature has expired"),
+    (lambda now: {"nbf": now + 600}, "not yet valid"),
+    (lambda now: {"iss": "https://evil.example"}, "Invalid issuer"),
+    (lambda now: {"aud": "someone-else"}, "Audience doesn't match"),
+    (lambda now: {"exp": None}, 'Token is missing the "exp" claim'),
+], ids=["expired", "not-yet-valid", "issuer", "audience", "no-exp"])
 def test_jwt_claims_are_checked(gateway, jwt_keys, claims, fragment):
+    claims = claims(int(time.time()))
     with pytest.raises(openai.AuthenticationError) as info:
         gateway.client(mint(jwt_keys, "acme", **claims)).chat.completions.create(**CHAT)
     assert fragment in info.value.message
