@@ -1,4 +1,5 @@
-"""python -m cost {prices,breakeven,compare,recommend,agent}: which rung is cheapest for your traffic.
+"""python -m cost {prices,breakeven,compare,recommend,agent,bill,consolidate}: which rung is cheapest for your
+traffic, what each gateway tenant owes, and what serving many models on one endpoint saves.
 
 Exit codes: 0 ok, 1 failure (e.g. the Price List API unreachable), 2 bad input.
 """
@@ -8,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Any
 
 from options.core import BadInput, exit_code
@@ -39,7 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
         prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend,agent}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend,agent,bill,consolidate}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
     p.add_argument("--kind", choices=("all", "bedrock", "instance", "eks"), default="all")
@@ -101,6 +103,54 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--hours-per-day", type=float, default=24.0, metavar="H", help="active hours a day (default 24)")
     a.add_argument("--min-replicas", type=int, default=1, metavar="N", help="replicas kept running (default 1)")
     a.set_defaults(handler=cmd_agent)
+
+    bl = sub.add_parser("bill", parents=[common], help="each gateway tenant's bill for a month, from the metered ledger",
+                        description="Per-token upstreams at their token prices; self-hosted upstreams by the "
+                                    "tenant's share of the tokens its fleet served (the fleet runs all month).")
+    bl.add_argument("--month", required=True, metavar="YYYY-MM", help="the calendar month (UTC) to bill")
+    bl.add_argument("--config", metavar="GATEWAY_YAML",
+                    help="the gateway's config: upstream kinds, Bedrock model ids, budgets, and (without --usage) "
+                         "the ledger itself, from its store (Redis, or the memory store's usage.jsonl)")
+    bl.add_argument("--usage", metavar="FILE", help="ledger records: JSON lines, or `containers/gateway/admin usage "
+                                                    "--json` output (read instead of the store)")
+    from cost.bill import FLEET_SYNTAX, PER_TOKEN_SYNTAX
+    bl.add_argument("--fleet", action="append", default=[], metavar="UPSTREAM=INSTANCE[:COUNT]",
+                    help=f"the instances behind a self-hosted upstream (repeatable): {FLEET_SYNTAX}; ml. names bill "
+                         f"SageMaker hours, others EC2 hours")
+    bl.add_argument("--per-token", action="append", default=[], metavar="UPSTREAM=MODEL_ID",
+                    help=f"a per-token upstream when no config says so (repeatable): {PER_TOKEN_SYNTAX}")
+    bl.add_argument("--plot", metavar="FILE.png", help="draw each tenant's dollars by upstream against its budget")
+    bl.set_defaults(handler=cmd_bill)
+
+    co = sub.add_parser("consolidate", parents=[common], help="N models: dedicated endpoints, adapters on one base, "
+                                                              "or inference components on shared instances")
+    co.add_argument("--models", type=int, required=True, metavar="N", help="how many models to serve")
+    co.add_argument("--traffic-per-model", type=float, required=True, metavar="TOK_S",
+                    help="average input+output tokens/s of each model while active")
+    co.add_argument("--peak-per-model", type=float, metavar="TOK_S", help="peak tokens/s of each model (default: the average)")
+    co.add_argument("--instance", required=True, metavar="TYPE",
+                    help="the instance one model replica runs on (what its capacity was measured on)")
+    co.add_argument("--shared-instance", metavar="TYPE",
+                    help="instance type the inference components share (default: the cheapest one with the same "
+                         "accelerator at N models)")
+    co.add_argument("--adapters", action="store_true",
+                    help="the models are LoRA adapters of one base: price one endpoint serving them all")
+    over = co.add_mutually_exclusive_group()
+    over.add_argument("--adapter-bench", metavar="FILE",
+                      help='the measured adapter overhead: {"adapter_overhead": {"throughput_ratio": R}}')
+    over.add_argument("--adapter-ratio", type=float, metavar="R",
+                      help="output tok/s with adapters mixed / the base alone, given by hand (default 1: no overhead)")
+    co.add_argument("--mix", metavar="IN:OUT", help="input:output tokens (default chat 3:1)")
+    co.add_argument("--hours-per-day", type=float, default=24.0, metavar="H", help="active hours a day (default 24)")
+    co.add_argument("--min-replicas", type=int, default=1, metavar="N",
+                    help="replicas (copies) each model keeps at all times (default 1)")
+    co.add_argument("--min-copies", type=int, metavar="N",
+                    help="copies each model's inference component keeps when idle; 0 scales it to zero "
+                         "(default: --min-replicas)")
+    co.add_argument("--discount", type=float, default=0.0, metavar="PCT", help="discount on hourly prices, in [0, 100) %%")
+    add_capacity_args(co, repeat=False)
+    co.add_argument("--plot", metavar="FILE.png", help="draw monthly cost against the number of models")
+    co.set_defaults(handler=cmd_consolidate)
     return parser
 
 
@@ -394,6 +444,146 @@ def cmd_agent(args):
                       slo_p99_ms=args.slo_p99, capacity_tok_s=args.capacity, hours_per_day=args.hours_per_day,
                       min_replicas=args.min_replicas, discount_pct=args.discount, tier=args.tier,
                       eks_fixed_hourly=eks_fixed_hourly(table)["hourly"])
+    return data, render
+
+
+# The gateway's package lives beside its scripts, as byo_vllm's does; read through it (its own
+# config loader and store), never a copy. Imported here, in the CLI, so cost itself stays below it.
+GATEWAY_DIR = Path(__file__).resolve().parents[1] / "containers" / "gateway"
+
+
+def gateway_config(path: str):
+    if str(GATEWAY_DIR) not in sys.path:
+        sys.path.insert(0, str(GATEWAY_DIR))
+    from spectrum_gateway.config import ConfigError, load_config
+    try:
+        return load_config(path)
+    except ConfigError as exc:
+        raise BadInput(str(exc)) from None
+
+
+def gateway_ledger(config, month) -> tuple[list[dict], str]:
+    """The month's ledger records from the config's store, and where they came from."""
+    import asyncio
+
+    from cost.bill import check_record, read_usage
+    if not config.uses_redis:   # the memory store appends its ledger to a file beside the server
+        path = config.state_dir / "usage.jsonl"
+        if not path.exists():
+            raise BadInput(f"the gateway config's store is memory: its ledger is {path} on the machine the "
+                           f"gateway ran on, and it is not here (the memory store keeps nothing elsewhere). "
+                           f"Run bill there, or give the records with --usage FILE "
+                           f"(`containers/gateway/admin --config {config.path.name} usage --json > FILE`)")
+        return read_usage(path), f"memory store ledger {path}"
+    from spectrum_gateway.errors import GatewayError
+    from spectrum_gateway.store import open_store
+
+    async def read():
+        store = open_store(config)
+        try:
+            return await store.ledger(month.start_ms)
+        finally:
+            await store.close()
+    try:
+        records = asyncio.run(read())
+    except GatewayError as exc:
+        raise RuntimeError(exc.message) from None
+    return [check_record(r, f"{config.store} ledger entry {i}") for i, r in enumerate(records)], \
+        f"{config.store} ledger"
+
+
+def cmd_bill(args):
+    from cost.bill import build_bill, parse_fleet, parse_month, parse_per_token, read_usage, render, \
+        upstreams_from_config
+
+    month = parse_month(args.month)
+    if not args.config and not args.usage:
+        raise BadInput("give the ledger: --usage FILE (JSON lines or `admin usage --json` output) or --config "
+                       "gateway.yaml (its store's ledger)")
+    table = table_from(args)
+    fleets = [parse_fleet(spec, table) for spec in args.fleet]
+    per_token = dict(parse_per_token(spec, table) for spec in args.per_token)
+    config = gateway_config(args.config) if args.config else None
+    if args.usage:
+        records, source = read_usage(args.usage), f"usage file {args.usage}"
+    else:
+        records, source = gateway_ledger(config, month)
+
+    def budget(tenant: str):
+        limits = config.tenant(tenant) if config is not None else None
+        return limits.budget_usd_month if limits is not None else None
+    data = build_bill(records, month, table, upstreams=upstreams_from_config(config) if config else None,
+                      fleets=fleets, per_token=per_token, budget=budget, source=source)
+    if config is None:
+        data["assumptions"].append("no --config: no budgets, and every upstream priced by --fleet or --per-token")
+    if args.plot:
+        from cost.plot import plot_bill
+        data["plot"] = str(plot_bill(args.plot, data))
+    return data, render
+
+
+def cmd_consolidate(args):
+    from cost.breakeven import apply_discount, check_range, parse_mix
+    from cost.consolidate import (LEVEL, MAX_MODELS, AdapterOverhead, Plan, check_ratio, cheapest_packing,
+                                  consolidate, curves, load_adapter_bench, packing_for, render)
+    from cost.fleet import Fleet, make_traffic
+
+    check_range("models", args.models, 1, MAX_MODELS)
+    check_range("min replicas", args.min_replicas, 1, 10000)
+    min_copies = args.min_replicas if args.min_copies is None else int(check_range("min copies", args.min_copies, 0, 10000))
+    if (args.adapter_bench or args.adapter_ratio is not None) and not args.adapters:
+        raise BadInput("--adapter-bench/--adapter-ratio describe adapters: add --adapters (the models are LoRA "
+                       "adapters of one base)")
+    table = table_from(args)
+    instance = table.instance(args.instance)
+    hourly = apply_discount(instance.hourly("sagemaker"), args.discount)
+    mix = parse_mix(args.mix)
+    traffic, notes = make_traffic(mix, args.traffic_per_model, args.peak_per_model, None, args.hours_per_day)
+    notes = [n.replace("--peak", "--peak-per-model") for n in notes]
+    capacity, _ = resolve_capacity(args)
+    if capacity is None:
+        raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
+                       "(from `python -m options.bench --json FILE`)")
+    fleet = Fleet(LEVEL, instance, "sagemaker", hourly, capacity, args.min_replicas)
+    overhead = None
+    if args.adapters:
+        overhead = (load_adapter_bench(args.adapter_bench) if args.adapter_bench else
+                    AdapterOverhead(check_ratio(args.adapter_ratio, "--adapter-ratio"), "--adapter-ratio", {})
+                    if args.adapter_ratio is not None else AdapterOverhead(1.0, "no measurement", {}))
+    if args.shared_instance:
+        packing = packing_for(table.instance(args.shared_instance), instance, args.discount)
+    else:
+        packing = cheapest_packing(table, fleet, traffic, args.models, args.discount, min_copies)
+    plan = Plan(fleet, traffic, overhead, packing, min_copies)
+    data = consolidate(plan, args.models, shared_chosen=not args.shared_instance)
+    data["assumptions"] = [
+        f"SageMaker real-time prices as of {instance.as_of}" + (f", less {args.discount:g} %" if args.discount else ""),
+        *notes,
+        *capacity_notes(capacity, mix),
+        f"every model has the same traffic; a dedicated endpoint runs max({args.min_replicas}, ceil(peak / capacity)) "
+        f"replicas of {instance.sagemaker_name} while active and {args.min_replicas} the rest of the day",
+        f"inference components: each model keeps as many copies as its dedicated endpoint has replicas while "
+        f"active and {min_copies} the rest of the day, {packing.copies_per_instance} per {packing.instance.sagemaker_name} (a copy needs the "
+        f"{instance.gpus} accelerator(s) of {instance.sagemaker_name})"
+        + (" — the cheapest such instance at this N" if not args.shared_instance else ""),
+        f"break-even: the fewest models (up to {MAX_MODELS}) at which a shared way costs less than dedicated endpoints",
+        "storage, data transfer, load balancers and engineering time are not counted",
+    ]
+    if overhead is not None:
+        data["assumptions"].append(
+            f"adapters: one endpoint for the summed traffic (peaks taken as coincident), its capacity the base's x "
+            f"{overhead.throughput_ratio:g} ({overhead.origin})"
+            + ("; NOT MEASURED: measure it with `python -m options.bench --adapters a1,...,a8` and give "
+               "--adapter-bench FILE" if overhead.origin == "no measurement" else ""))
+    else:
+        data["assumptions"].append("not adapters of one base (no --adapters): only dedicated endpoints and "
+                                   "inference components are compared")
+    if args.plot:
+        from cost.plot import plot_consolidate
+        xs, series = curves(plan, args.models)
+        data["plot"] = str(plot_consolidate(
+            args.plot, xs, series, args.models,
+            f"{args.traffic_per_model:g} tok/s per model on {instance.sagemaker_name}, prices as of {instance.as_of}"))
     return data, render
 
 

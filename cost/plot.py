@@ -27,8 +27,8 @@ def volumes(traffic: Traffic, points: int = 400) -> list[float]:
     return [10 ** (low + (high - low) * i / (points - 1)) for i in range(points)]
 
 
-def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: list[Fleet],
-                 tier: str = "on_demand") -> Path:
+def _start(path: str | Path):
+    """(checked path, pyplot with the Agg backend), or BadInput naming what is wrong."""
     path = Path(path)
     if path.suffix.lower() != ".png":
         raise BadInput(f"plot file {str(path)!r} must end in .png")
@@ -40,7 +40,19 @@ def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: 
         raise BadInput("plotting needs matplotlib: pip install 'spectrum[plot]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return path, plt
 
+
+def _save(fig, plt, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return path
+
+
+def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: list[Fleet],
+                 tier: str = "on_demand") -> Path:
+    path, plt = _start(path)
     xs = volumes(traffic)
     shapes = [traffic.scaled_to(v) for v in xs]
     blended = bedrock_cost(traffic, price, tier).per_million_usd
@@ -86,7 +98,55 @@ def plot_compare(path: str | Path, traffic: Traffic, price: TokenPrice, fleets: 
                  f"{traffic.hours_per_day:g} h/day active, prices as of {price.as_of}")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, format="png")
-    plt.close(fig)
-    return path
+    return _save(fig, plt, path)
+
+
+def plot_bill(path: str | Path, data: dict) -> Path:
+    """One bar per tenant, stacked by model/upstream, with its monthly budget marked."""
+    path, plt = _start(path)
+    tenants = data["tenants"]
+    parts = sorted({f"{ln['model']}/{ln['upstream']}" for t in tenants for ln in t["upstreams"]
+                    if ln["upstream"] is not None})
+    fig, ax = plt.subplots(figsize=(10, 1.6 + 0.55 * max(1, len(tenants))), dpi=110)
+    names = [t["tenant"] for t in tenants]
+    left = [0.0] * len(tenants)
+    colours = plt.get_cmap("tab10")
+    for index, part in enumerate(parts):
+        widths = [sum(ln["usd"] for ln in t["upstreams"] if f"{ln['model']}/{ln['upstream']}" == part)
+                  for t in tenants]
+        ax.barh(names, widths, left=left, color=colours(index % 10), label=part)
+        left = [a + b for a, b in zip(left, widths)]
+    for row, tenant in enumerate(tenants):
+        if tenant["budget_usd_month"]:
+            ax.plot([tenant["budget_usd_month"]] * 2, [row - 0.4, row + 0.4], color="black", lw=2)
+        ax.annotate(f"${tenant['usd']:,.2f}" + (f" ({tenant['budget_used_pct']:.0f} % of budget)"
+                                                 if tenant["budget_used_pct"] is not None else ""),
+                    (left[row], row), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("USD this month (black bar: the tenant's budget_usd_month)")
+    ax.set_title(f"Gateway bill {data['month']}: total ${data['total_usd']:,.2f}"
+                 + (f", ${data['unallocated_usd']:,.2f} of idle fleets unallocated" if data["unallocated_usd"] else ""))
+    ax.grid(True, axis="x", alpha=0.3)
+    if parts:
+        ax.legend(loc="lower right", fontsize=8)
+    return _save(fig, plt, path)
+
+
+def plot_consolidate(path: str | Path, xs: list[int], series: dict[str, list[float]], n: int,
+                     title: str) -> Path:
+    """Monthly cost against the number of models for each way to serve them; N marked."""
+    path, plt = _start(path)
+    fig, ax = plt.subplots(figsize=(10, 6), dpi=110)
+    styles = {"dedicated": ("#d62728", "-"), "adapters": ("#1f77b4", "-"), "inference_components": ("#2ca02c", "--")}
+    for name, ys in series.items():
+        colour, line = styles.get(name, ("grey", ":"))
+        ax.step(xs, ys, where="mid", color=colour, linestyle=line, lw=2, label=name.replace("_", " "))
+    ax.axvline(n, color="grey", linestyle=":", lw=1.5)
+    ax.annotate(f"N = {n}", (n, 1), xycoords=("data", "axes fraction"), xytext=(4, -16),
+                textcoords="offset points", fontsize=8, color="dimgrey")
+    ax.set_xlabel("models served")
+    ax.set_ylabel("cost per month (USD)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(loc="upper left", fontsize=9)
+    return _save(fig, plt, path)
