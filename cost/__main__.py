@@ -137,7 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the models are LoRA adapters of one base: price one endpoint serving them all")
     over = co.add_mutually_exclusive_group()
     over.add_argument("--adapter-bench", metavar="FILE",
-                      help='the measured adapter overhead: {"adapter_overhead": {"throughput_ratio": R}}')
+                      help="the measured adapter overhead: the JSON of `python -m options.bench --adapters a1,...,a8 "
+                           "--json FILE` (its adapters.throughput_ratio)")
     over.add_argument("--adapter-ratio", type=float, metavar="R",
                       help="output tok/s with adapters mixed / the base alone, given by hand (default 1: no overhead)")
     co.add_argument("--mix", metavar="IN:OUT", help="input:output tokens (default chat 3:1)")
@@ -525,7 +526,8 @@ def cmd_bill(args):
 def cmd_consolidate(args):
     from cost.breakeven import apply_discount, check_range, parse_mix
     from cost.consolidate import (LEVEL, MAX_MODELS, AdapterOverhead, Plan, check_ratio, cheapest_packing,
-                                  consolidate, curves, load_adapter_bench, packing_for, render)
+                                  consolidate, curves, describe_overhead, load_adapter_bench, packing_for,
+                                  render)
     from cost.fleet import Fleet, make_traffic
 
     check_range("models", args.models, 1, MAX_MODELS)
@@ -571,8 +573,8 @@ def cmd_consolidate(args):
     ]
     if overhead is not None:
         data["assumptions"].append(
-            f"adapters: one endpoint for the summed traffic (peaks taken as coincident), its capacity the base's x "
-            f"{overhead.throughput_ratio:g} ({overhead.origin})"
+            f"adapters: one endpoint for the summed traffic (peaks taken as coincident), its capacity the base's "
+            f"{describe_overhead(overhead)}"
             + ("; NOT MEASURED: measure it with `python -m options.bench --adapters a1,...,a8` and give "
                "--adapter-bench FILE" if overhead.origin == "no measurement" else ""))
     else:

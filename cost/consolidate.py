@@ -29,8 +29,10 @@ from options.core import BadInput
 LEVEL = 5
 # How far break-even is looked for: past this, "never" is the honest answer.
 MAX_MODELS = 1000
-ADAPTER_BENCH_FORMAT = ('{"adapter_overhead": {"throughput_ratio": R}} with R = output tok/s with the adapters '
-                        'mixed / output tok/s of the base alone, in (0, 2]')
+# What `python -m options.bench --adapters ... --json FILE` writes (options/bench/adapters.py).
+ADAPTER_BENCH_FORMAT = ('a spectrum.bench/1 document from `python -m options.bench --adapters a1,...,a8 --json FILE`, '
+                        'whose "adapters" object has throughput_ratio = output tok/s of the adapter mix / of the '
+                        'base alone, in (0, 2]')
 
 
 @dataclass(frozen=True)
@@ -48,7 +50,8 @@ def check_ratio(ratio: Any, where: str) -> float:
 
 
 def load_adapter_bench(path: str | Path) -> AdapterOverhead:
-    """The adapter overhead a bench measured; see ADAPTER_BENCH_FORMAT."""
+    """The adapter overhead an adapter bench measured: its ``adapters.throughput_ratio`` (the
+    median over rounds at its highest concurrency), with the spread and swaps beside it."""
     path = Path(path)
     where = f"adapter bench {str(path)!r}"
     try:
@@ -58,11 +61,34 @@ def load_adapter_bench(path: str | Path) -> AdapterOverhead:
                        f"a1,...,a8 --json FILE`)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadInput(f"{where} is not readable JSON: {exc}") from None
-    overhead = doc.get("adapter_overhead") if isinstance(doc, dict) else None
-    if not isinstance(overhead, dict) or "throughput_ratio" not in overhead:
-        raise BadInput(f"{where} has no adapter_overhead.throughput_ratio: expected {ADAPTER_BENCH_FORMAT}")
-    ratio = check_ratio(overhead["throughput_ratio"], where)
-    return AdapterOverhead(ratio, where, {k: v for k, v in overhead.items() if k != "throughput_ratio"})
+    found = doc.get("adapters") if isinstance(doc, dict) else None
+    if not isinstance(found, dict) or "throughput_ratio" not in found:
+        raise BadInput(f"{where} has no adapters.throughput_ratio: expected {ADAPTER_BENCH_FORMAT}")
+    ratio = check_ratio(found["throughput_ratio"], where)
+    concurrency = found.get("concurrency")
+    at = (found.get("by_concurrency") or {}).get(str(concurrency)) or {}
+    band = at.get("throughput_ratio") or {}
+    detail = {"target": doc.get("target"), "level": doc.get("level"), "concurrency": concurrency,
+              "adapters": len(found.get("names") or []), "mix": found.get("mix"), "rounds": found.get("rounds"),
+              "ratio_min": band.get("min"), "ratio_max": band.get("max"), "loads": found.get("loads"),
+              "evictions": found.get("evictions")}
+    return AdapterOverhead(ratio, where, detail)
+
+
+def describe_overhead(overhead: AdapterOverhead) -> str:
+    d = overhead.detail
+    if not d:
+        return f"x {overhead.throughput_ratio:g} ({overhead.origin})"
+    text = (f"x {overhead.throughput_ratio:g} measured by {overhead.origin}: {d['adapters']} adapters mixed "
+            f"{d['mix']} vs the base alone at concurrency {d['concurrency']}, median of {d['rounds']} rounds")
+    if d["ratio_min"] is not None:
+        text += f" (range {d['ratio_min']:.3g}-{d['ratio_max']:.3g})"
+    if d["loads"] is not None:
+        text += f", {d['loads']} loads and {d['evictions']} evictions"
+    if d["target"] in ("local", "emulator"):
+        text += (f"; measured on target {d['target']!r}, not on the priced instance: rerun it against the real "
+                 f"endpoint before trusting the answer")
+    return text
 
 
 @dataclass(frozen=True)
