@@ -4,6 +4,8 @@
     python -m options.bench --url http://127.0.0.1:8080 --level 5 --concurrency 16 --json out.json
     python -m options.bench --level 3 --target aws --endpoint my-endpoint --request-rate 4
     python -m options.bench --level 1 --target aws --model us.amazon.nova-micro-v1:0 --requests 20
+    python -m options.bench --adapters a1,a2,a3,a4,a5,a6,a7,a8 --adapter-mix zipf:1.1 --concurrency 8,32
+    python -m options.bench --profile agent --priority compare --programs 32 --concurrency 8
 
 Exit codes: 0 ok, 2 bad input, 1 failure (the target did not answer, or every request failed).
 """
@@ -53,8 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="N, fixed:N, uniform:LOW:HIGH or jsonl:FILE (rows with prompt_tokens or prompt)")
     load.add_argument("--output-tokens", default="128", metavar="DIST",
                       help="N, fixed:N, uniform:LOW:HIGH or jsonl:FILE (rows with output_tokens or max_tokens)")
-    load.add_argument("--concurrency", type=int,
-                      help="requests in flight at once (default 8; with --request-rate: no cap unless given)")
+    load.add_argument("--concurrency", type=concurrency_list, metavar="N[,N...]",
+                      help="requests in flight at once (default 8; with --request-rate: no cap unless "
+                           "given); with --adapters several, e.g. 8,32")
     load.add_argument("--request-rate", type=float, help="mean arrivals per second (gamma inter-arrivals)")
     load.add_argument("--burstiness", type=float, default=1.0,
                       help="gamma shape of the arrivals: 1 = Poisson, <1 burstier, >1 steadier")
@@ -67,19 +70,40 @@ def build_parser() -> argparse.ArgumentParser:
                       help="take one word as one token instead of measuring the target's tokenizer "
                            "(two unmeasured one-token requests)")
     load.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
+    from options.bench.adapters import add_arguments as add_adapter_arguments
     from options.bench.program import add_arguments as add_program_arguments
     add_program_arguments(p)
+    add_adapter_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
     out.add_argument("--no-progress", action="store_true")
     return p
 
 
+def concurrency_list(text: str) -> list[int]:
+    """``8`` or ``8,32``: argparse's type for --concurrency (bad values: exit 2 naming them)."""
+    parts = [p.strip() for p in text.split(",")]
+    if not all(p.isdigit() and int(p) >= 1 for p in parts):
+        raise argparse.ArgumentTypeError(f"{text!r}: give whole numbers >= 1, e.g. 8 or 8,32")
+    return [int(p) for p in parts]
+
+
+def one_concurrency(args: argparse.Namespace) -> int | None:
+    """The single --concurrency of a plain or agent run; several are for --adapters runs."""
+    if args.concurrency is None:
+        return None
+    if len(args.concurrency) > 1 and not args.adapters:
+        raise BadInput(f"--concurrency {','.join(map(str, args.concurrency))}: several values are "
+                       "for --adapters runs (each measured in turn); give one here")
+    return args.concurrency[0]
+
+
 def profile_from_args(args: argparse.Namespace):
     from options.bench.profile import Profile, parse_lengths
 
-    concurrency = args.concurrency if args.concurrency is not None else (
-        None if args.request_rate is not None else 8)
+    concurrency = one_concurrency(args)
+    if concurrency is None and args.request_rate is None:
+        concurrency = 8
     return Profile(requests=args.requests,
                    prompt_tokens=parse_lengths(args.prompt_tokens, "--prompt-tokens", ("prompt_tokens",)),
                    output_tokens=parse_lengths(args.output_tokens, "--output-tokens",
@@ -176,16 +200,72 @@ def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
     os.makedirs(logs, exist_ok=True)
     log_path = os.path.join(logs, f"bench-server-{int(time.time())}.log")
     seen: set[str] = set()
+    # --adapters: LoRA on, and a model folder that holds the adapters (before _server_env reads it)
+    extra_env = _local_adapters(args) if args.adapters else {}
+    if args.profile == "agent" and args.priority != "off":     # vLLM honours priorities only so
+        extra_env["SM_VLLM_SCHEDULING_POLICY"] = "priority"
 
     def progress(elapsed_s: float, state: str) -> None:
         if state not in seen:            # each state once, not every poll
             seen.add(state)
             say(f"  {elapsed_s:5.0f} s  {state}")
 
-    with _server_env(args) as (env, what), LocalServer(env, log_path=log_path) as server:
+    with _server_env(args) as (env, what), \
+            LocalServer({**env, **extra_env}, log_path=log_path) as server:
         say(f"starting the local server: {what} (log: {log_path}; stopped when the bench ends)")
         server.wait_ready(600, on_progress=progress)
         yield server.url
+
+
+def _local_adapters(args: argparse.Namespace) -> dict[str, str]:
+    """For --adapters on a server the bench starts: point --model at a folder with the base
+    model and adapters/<name>/ for each name, and the server's LoRA settings."""
+    from pathlib import Path
+
+    from options.bench import adapters
+
+    if args.level not in (None, 3, 5):
+        raise BadInput(f"--adapters with --level {args.level} on this machine: the bench starts "
+                       "servers with adapters for --level 3 and 5 (or none); give the --url of "
+                       "a server that serves them")
+    names = adapters.parse_adapters(args.adapters)
+    env = adapters.local_server_env(args)
+    if args.model is None:
+        from options.tiny_model import tiny_model_dir
+        base = tiny_model_dir()
+    else:
+        base = Path(args.model)
+    args.model = str(adapters.model_with_adapters(base, names, adapters.spectrum_cache()))
+    return env
+
+
+def warm_up_and_calibrate(args, send, template, console, seed: int, texts: bool = False):
+    """``--warmup`` unmeasured requests, then the prompt calibration (unless --no-calibrate or
+    the prompts are given as ``texts``). (False, None) when the target is unusable."""
+    from dataclasses import replace
+
+    from options.bench import runner
+    from options.contract import collect
+
+    for i in range(args.warmup):
+        try:
+            collect(send(replace(template, prompt=f"warm-up {i}", max_tokens=8)))
+        except BadInput:
+            raise
+        except Exception as exc:  # the target is unusable: say why, measure nothing
+            console.print(f"[red]the target did not answer the warm-up request:[/red] {exc}")
+            return False, None
+    if args.no_calibrate or texts:
+        return True, None
+    try:
+        tokens = runner.calibrate(send, template, seed)
+    except Exception as exc:
+        console.print(f"[red]calibrating prompt lengths failed:[/red] {exc}")
+        return False, None
+    if tokens is None:
+        console.print("the target reports no prompt token counts: prompts are sized at one "
+                      "word per token (counts.input_tokens stays 0)")
+    return True, tokens
 
 
 def request_model(args: argparse.Namespace) -> str | None:
@@ -205,7 +285,14 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.json == "-")     # stdout belongs to the JSON then
     say = console.print
     try:
-        profile = profile_from_args(args)
+        profile = None if args.profile == "agent" else profile_from_args(args)
+        plan_adapters = None
+        if args.adapters:
+            from options.bench.adapters import AdapterPlan
+            if args.profile == "agent":
+                raise BadInput("--adapters runs requests, not agent programs: leave out "
+                               "--profile agent")
+            plan_adapters = AdapterPlan.from_args(args, args.concurrency or [8])
         from options.contract import Request
         template = Request(prompt="-", model=request_model(args), ignore_eos=args.ignore_eos,
                            temperature=args.temperature, stream=True)
@@ -213,38 +300,24 @@ def main(argv: list[str] | None = None) -> int:
             if args.profile == "agent":      # programs of serial steps: options/bench/program.py
                 from options.bench.program import bench_programs
                 return bench_programs(args, template, send, details, console)
+            if plan_adapters is not None:    # adapters mixed vs the base: options/bench/adapters.py
+                from options.bench.adapters import bench_adapters
+                return bench_adapters(args, plan_adapters, template, send, details, console)
             return _bench(args, profile, template, send, details, console)
     except BaseException as exc:  # noqa: BLE001 - exit_code re-raises what is not ours
         return exit_code(exc, console.print)
 
 
 def _bench(args, profile, template, send, details, console) -> int:
-    from dataclasses import replace
-
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from options.bench import report, runner
     from options.bench.metrics import summarize
-    from options.contract import collect
 
-    for i in range(args.warmup):
-        try:
-            collect(send(replace(template, prompt=f"warm-up {i}", max_tokens=8)))
-        except BadInput:
-            raise
-        except Exception as exc:  # the target is unusable: say why, measure nothing
-            console.print(f"[red]the target did not answer the warm-up request:[/red] {exc}")
-            return 1
-    tokens = None
-    if not args.no_calibrate and not profile.prompt_tokens.texts:
-        try:
-            tokens = runner.calibrate(send, template, profile.seed)
-        except Exception as exc:
-            console.print(f"[red]calibrating prompt lengths failed:[/red] {exc}")
-            return 1
-        if tokens is None:
-            console.print("the target reports no prompt token counts: prompts are sized at one "
-                          "word per token (counts.input_tokens stays 0)")
+    ready, tokens = warm_up_and_calibrate(args, send, template, console, profile.seed,
+                                          texts=bool(profile.prompt_tokens.texts))
+    if not ready:
+        return 1
     errors = 0
     with Progress(TextColumn("[bold]bench"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[errors]} errors"), TimeElapsedColumn(),

@@ -12,11 +12,16 @@ Percentiles interpolate linearly between the closest ranks (numpy's default).
 from __future__ import annotations
 
 import math
+import re
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 STATS = ("mean", "p50", "p90", "p99")
+# One sample line of a Prometheus text page: name, {labels}, value.
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
 
 @dataclass
@@ -103,3 +108,24 @@ def summarize(records: Sequence[RequestRecord], duration_s: float) -> Summary:
         tpot_ms=distribution_ms(t for r in done if (t := r.tpot_s) is not None),
         e2e_ms=distribution_ms(r.e2e_s for r in done if r.e2e_s is not None),
     )
+
+
+def prometheus_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]:
+    """(name, labels, value) of every sample in a Prometheus text page; comments skipped."""
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m:
+            yield m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))
+
+
+def spread(values: Iterable[float | None]) -> dict[str, float | None]:
+    """Median, min and max of a contender's figure over rounds (Nones skipped)."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"median": None, "min": None, "max": None}
+    return {"median": statistics.median(xs), "min": min(xs), "max": max(xs)}
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None where either is missing or b is 0."""
+    return a / b if a is not None and b else None

@@ -18,16 +18,16 @@ the user starts to see the final answer.
 from __future__ import annotations
 
 import random
-import re
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from typing import Any, Callable, Sequence
 
-from options.bench.metrics import STATS, RequestRecord, distribution_ms, percentile, summarize
+from options.bench.metrics import (STATS, RequestRecord, distribution_ms, percentile,
+                                   prometheus_samples, summarize)
 from options.bench.profile import Lengths, PromptTokens, make_prompt
+from options.bench.runner import metrics_page
 from options.core import BadInput
 
 PROFILES = ("requests", "agent")
@@ -55,6 +55,12 @@ def add_arguments(parser) -> None:
     g.add_argument("--system-tokens", type=int, default=128,
                    help="tokens of the system prompt every program shares (128); each step then "
                         "adds --prompt-tokens of its own text and the previous answer")
+    from options.bench.priority import MODES
+    g.add_argument("--priority", choices=MODES, default="off",
+                   help="later-steps: step k of a program is sent with vLLM's priority -k (lower "
+                        "runs sooner), so running programs finish first; compare: --rounds "
+                        "alternating runs without and with it, same programs and concurrency. "
+                        "The server must schedule by priority (SM_VLLM_SCHEDULING_POLICY=priority)")
 
 
 @dataclass(frozen=True)
@@ -142,8 +148,10 @@ class ProgramRun:
     duration_s: float
 
 
-def run_program(send, template, system: str, steps: list[tuple[str, int]], think_s: float) -> ProgramRecord:
-    """One program's steps in order; it stops at the first failed step (an agent cannot go on)."""
+def run_program(send, template, system: str, steps: list[tuple[str, int]], think_s: float,
+                step_sends: Sequence | None = None) -> ProgramRecord:
+    """One program's steps in order; it stops at the first failed step (an agent cannot go on).
+    ``step_sends[k]``, if given, sends step k (e.g. with its own priority) instead of ``send``."""
     from options.bench.runner import error_kind
     from options.contract import collect
 
@@ -156,7 +164,7 @@ def run_program(send, template, system: str, steps: list[tuple[str, int]], think
                       max_tokens=max_tokens, stream=True)
         sent = time.perf_counter()
         try:
-            res = collect(send(req), sent)
+            res = collect((step_sends[k] if step_sends else send)(req), sent)
         except Exception as exc:  # a failed step fails the program; the bench counts it
             rec.steps.append(RequestRecord(error=error_kind(exc)))
         else:
@@ -178,15 +186,16 @@ def run_program(send, template, system: str, steps: list[tuple[str, int]], think
 
 
 def run(profile: ProgramProfile, send, template, tokens: PromptTokens | None = None,
-        on_done: Callable[[int, ProgramRecord], None] | None = None) -> ProgramRun:
+        on_done: Callable[[int, ProgramRecord], None] | None = None,
+        step_sends: Sequence | None = None) -> ProgramRun:
     """Every program of ``profile``, at most ``concurrency`` at once (closed loop)."""
     system, programs = profile.plan(tokens)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     t0 = time.perf_counter()
     with ThreadPoolExecutor(max_workers=min(profile.concurrency, len(programs)),
                             thread_name_prefix="program") as pool:
-        futures = [pool.submit(run_program, send, template, system, steps, profile.think_ms / 1000)
-                   for steps in programs]
+        futures = [pool.submit(run_program, send, template, system, steps, profile.think_ms / 1000,
+                               step_sends) for steps in programs]
         for n, done in enumerate(as_completed(futures), 1):
             if on_done:
                 on_done(n, done.result())
@@ -251,33 +260,22 @@ def summarize_programs(run: ProgramRun, think_s: float, seed: int = 0) -> dict[s
 
 # --- the server's prefix cache ----------------------------------------------------------------
 
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+([-+0-9.eEinfINFNa]+)")
-
-
 def prefix_cache_counters(metrics_text: str) -> tuple[float, float] | None:
     """(queries, hits) summed over every engine in a Prometheus text page; None if absent."""
     totals = {PREFIX_QUERIES: 0.0, PREFIX_HITS: 0.0}
     seen = False
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m:
-            continue
-        name = m.group(1).removesuffix("_total")
+    for name, _, value in prometheus_samples(metrics_text):
+        name = name.removesuffix("_total")
         if name in totals:
-            totals[name] += float(m.group(3))
+            totals[name] += value
             seen = True
     return (totals[PREFIX_QUERIES], totals[PREFIX_HITS]) if seen else None
 
 
 def read_prefix_cache(base_url: str | None) -> tuple[float, float] | None:
     """The counters from ``base_url``/metrics; None where the target has no such page."""
-    if not base_url:
-        return None
-    try:
-        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=10) as r:
-            return prefix_cache_counters(r.read().decode("utf-8", "replace"))
-    except Exception:  # a target without /metrics (SageMaker, Bedrock, a proxy) just says less
-        return None
+    text = metrics_page(base_url)
+    return None if text is None else prefix_cache_counters(text)
 
 
 def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | None) -> float | None:
@@ -291,6 +289,7 @@ def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | No
 # --- the CLI's run ----------------------------------------------------------------------------
 
 def profile_from_args(args) -> ProgramProfile:
+    from options.bench.__main__ import one_concurrency
     from options.bench.profile import parse_lengths
 
     if args.request_rate is not None:
@@ -301,43 +300,41 @@ def profile_from_args(args) -> ProgramProfile:
                           prompt_tokens=parse_lengths(args.prompt_tokens, "--prompt-tokens", ("prompt_tokens",)),
                           output_tokens=parse_lengths(args.output_tokens, "--output-tokens",
                                                       ("output_tokens", "max_tokens")),
-                          concurrency=args.concurrency or 8, seed=args.seed)
+                          concurrency=one_concurrency(args) or 8, seed=args.seed)
+
+
+def measure_programs(profile: ProgramProfile, send, template, tokens, url: str | None, bar=None,
+                     step_sends: Sequence | None = None) -> tuple[ProgramRun, dict[str, Any], float | None]:
+    """One run of every program: the run, its summary parts, and the prefix-cache hit rate."""
+    before = read_prefix_cache(url)
+    task = bar.add_task("programs", total=profile.programs) if bar else None
+    result = run(profile, send, template, tokens,
+                 (lambda n, _: bar.update(task, completed=n)) if bar else None, step_sends)
+    rate = hit_rate(before, read_prefix_cache(url))
+    return result, summarize_programs(result, profile.think_ms / 1000, profile.seed), rate
 
 
 def bench_programs(args, template, send, details: dict[str, Any], console) -> int:
     """``python -m options.bench --profile agent``: run, summarise, write JSON, print tables."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from options.bench import report, runner
-    from options.contract import collect
+    from options.bench import priority, report
+    from options.bench.__main__ import warm_up_and_calibrate
 
     profile = profile_from_args(args)
-    for i in range(args.warmup):
-        try:
-            collect(send(replace(template, prompt=f"warm-up {i}", max_tokens=8)))
-        except Exception as exc:  # the target is unusable: say why, measure nothing
-            console.print(f"[red]the target did not answer the warm-up request:[/red] {exc}")
-            return 1
-    try:
-        tokens = None if args.no_calibrate else runner.calibrate(send, template, profile.seed)
-    except Exception as exc:
-        console.print(f"[red]calibrating prompt lengths failed:[/red] {exc}")
+    sends = priority.step_sends(args.priority, profile.steps, details)   # bad input before any load
+    ready, tokens = warm_up_and_calibrate(args, send, template, console, profile.seed)
+    if not ready:
         return 1
-    before = read_prefix_cache(details.get("url"))
+    if args.priority == "compare":
+        return priority.compare(args, profile, template, send, details, tokens, console)
     with Progress(TextColumn("[bold]programs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=args.no_progress, transient=True) as bar:
-        task = bar.add_task("programs", total=profile.programs)
-        result = run(profile, send, template, tokens, lambda n, _: bar.update(task, completed=n))
-    rate = hit_rate(before, read_prefix_cache(details.get("url")))
-    parts = summarize_programs(result, profile.think_ms / 1000, profile.seed)
-    doc = report.bench_json(parts["requests"], profile, level=args.level, target=args.target,
-                            model=template.model or args.model or details.get("served_model"),
-                            started_at=result.started_at,
-                            details={**details, "warmup_requests": args.warmup,
-                                     "prompt_calibration": tokens.to_json() if tokens else None,
-                                     "prefix_cache": "vLLM's /metrics counters" if rate is not None else
-                                     NO_HIT_RATE})
-    doc.update(program=parts["program"], steps=parts["steps"], prefix_cache_hit_rate=rate)
+        result, parts, rate = measure_programs(profile, send, template, tokens, details.get("url"),
+                                               bar, sends)
+    doc = program_doc(args, profile, template, details, tokens, result, parts, rate)
+    if sends:
+        doc["priority"] = {"mode": args.priority, "step_priorities": priority.step_priorities(profile.steps)}
     if args.json:
         report.write_json(doc, args.json)
     if args.json != "-":
@@ -346,6 +343,20 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
         console.print(f"[red]every program failed:[/red] {parts['program']['errors']}")
         return 1
     return 0
+
+
+def program_doc(args, profile, template, details, tokens, result, parts, rate) -> dict[str, Any]:
+    from options.bench import report
+
+    doc = report.bench_json(parts["requests"], profile, level=args.level, target=args.target,
+                            model=template.model or args.model or details.get("served_model"),
+                            started_at=result.started_at,
+                            details={**details, "warmup_requests": args.warmup,
+                                     "prompt_calibration": tokens.to_json() if tokens else None,
+                                     "prefix_cache": "vLLM's /metrics counters" if rate is not None else
+                                     NO_HIT_RATE})
+    doc.update(program=parts["program"], steps=parts["steps"], prefix_cache_hit_rate=rate)
+    return doc
 
 
 def render_table(doc: dict[str, Any]):

@@ -9,10 +9,11 @@ from __future__ import annotations
 import random
 import threading
 import time
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Sequence
 
 from options.bench.metrics import RequestRecord
 from options.bench.profile import CALIBRATION_WORDS, Profile, PromptTokens, make_prompt
@@ -80,11 +81,12 @@ def calibrate(send: Send, template: Request, seed: int = 0) -> PromptTokens | No
 
 def run(profile: Profile, send: Send, template: Request,
         on_done: Callable[[int, RequestRecord], None] | None = None,
-        tokens: PromptTokens | None = None) -> Run:
+        tokens: PromptTokens | None = None, models: Sequence[str | None] | None = None) -> Run:
     """Send every request of ``profile`` (arrivals, concurrency cap) and wait for all answers.
 
     ``template`` carries what every request shares (model, ignore_eos, sampling); the profile
-    fills in each prompt and max_tokens. ``tokens`` comes from ``calibrate``.
+    fills in each prompt and max_tokens. ``tokens`` comes from ``calibrate``. ``models``, one
+    per request, names the model each request asks for (an adapter; None: the template's).
     """
     schedule = profile.plan(tokens)
     workers = min(profile.concurrency or profile.requests, profile.requests, MAX_THREADS)
@@ -94,6 +96,8 @@ def run(profile: Profile, send: Send, template: Request,
     def task(i: int, prompt: str, max_tokens: int) -> None:
         nonlocal finished
         req = replace(template, prompt=prompt, messages=None, max_tokens=max_tokens, stream=True)
+        if models is not None and models[i] is not None:
+            req = replace(req, model=models[i])
         records[i] = rec = measure(send, req)
         with lock:
             finished += 1
@@ -110,6 +114,17 @@ def run(profile: Profile, send: Send, template: Request,
             pool.submit(task, i, prompt, max_tokens)
     duration = time.perf_counter() - t0
     return Run([r for r in records if r is not None], started_at, duration)
+
+
+def metrics_page(base_url: str | None) -> str | None:
+    """The target's Prometheus ``/metrics`` text; None where it has none (SageMaker, Bedrock)."""
+    if not base_url:
+        return None
+    try:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=10) as r:
+            return r.read().decode("utf-8", "replace")
+    except Exception:  # a target without /metrics (SageMaker, Bedrock, a proxy) just says less
+        return None
 
 
 # --- targets ----------------------------------------------------------------------------------

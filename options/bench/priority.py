@@ -1,0 +1,160 @@
+"""Program-aware priority for the bench's agent profile (``--profile agent --priority ...``).
+
+An agent's user waits for every step of the program, so a step of a program that is already
+running matters more than the first step of a new one: it has already been waited for. With
+``later-steps`` step k (1-based) is sent with vLLM's request ``priority`` -k (lower is
+scheduled sooner), so the engine finishes running programs before it starts new ones. The
+server must schedule by priority (vLLM's ``--scheduling-policy priority``; the
+bring-your-own server: ``SM_VLLM_SCHEDULING_POLICY=priority``); under vLLM's default
+first-come-first-served policy a priority other than 0 is refused.
+
+``compare`` runs the same programs (steps, lengths, think time) at the same concurrency
+``--rounds`` times each without and with the priorities, alternating which goes first; each
+round draws its own prompt words (seed + round), shared by its two runs, so neither run finds
+the other's sessions in the prefix cache beyond the shared system prompt. The document's
+``priority`` object:
+
+- ``priority.off`` / ``priority.on``: ``program_e2e_ms_p50``, ``program_e2e_ms_p99``,
+  ``programs_per_second`` (each ``{median, min, max}`` over rounds) and
+  ``step_ttft_ms_p50`` (per step, the median over rounds);
+- ``priority.p99_ratio`` and ``priority.p50_ratio``: program E2E with / without, per round,
+  ``{median, min, max}``;
+- ``priority.runs``: every run (round, mode, program p50/p99, programs/s, errors).
+The document's ``program`` and ``steps`` are the median-p99 run with the priorities on.
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+from options.bench.metrics import spread
+from options.core import BadInput
+
+MODES = ("off", "later-steps", "compare")
+PRIORITY_DIALECTS = ("openai-completions", "openai-chat")
+
+
+def step_priorities(steps: int) -> list[int]:
+    """vLLM's priority of each step: -k for step k, so later steps of running programs go first."""
+    return [-(k + 1) for k in range(steps)]
+
+
+def step_sends(mode: str, steps: int, details: dict[str, Any]) -> list | None:
+    """One send function per step carrying its priority in the request body; None when off.
+
+    vLLM reads ``priority`` from OpenAI-style bodies, so this needs an HTTP target speaking an
+    OpenAI dialect."""
+    if mode == "off":
+        return None
+    from options.bench.runner import http_target
+
+    url, dialect = details.get("url"), details.get("dialect")
+    if not url or dialect not in PRIORITY_DIALECTS:
+        raise BadInput(f"--priority {mode} sends vLLM's 'priority' field in OpenAI-style bodies: "
+                       f"measure a server by --url (or the local one) with --dialect "
+                       f"openai-completions or openai-chat (here: "
+                       f"{dialect or 'no HTTP dialect'} on {url or 'a SageMaker or Bedrock target'})")
+    return [http_target(url, with_fields(dialect, {"priority": p}), details.get("path"))
+            for p in step_priorities(steps)]
+
+
+def with_fields(dialect_name: str, fields: dict[str, Any]):
+    """The dialect, with ``fields`` added to every request body it writes."""
+    from options.contract import dialect
+
+    base = type(dialect(dialect_name))
+
+    class WithFields(base):
+        def to_wire(self, req):
+            return {**super().to_wire(req), **fields}
+
+    return WithFields()
+
+
+def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each mode's figures over rounds and the per-round with/without ratios (pure)."""
+    out: dict[str, Any] = {}
+    for mode in ("off", "on"):
+        mine = [r for r in runs if r["mode"] == mode]
+        n_steps = max((len(r["step_ttft_ms_p50"]) for r in mine), default=0)
+        out[mode] = {k: spread([r[k] for r in mine])
+                     for k in ("program_e2e_ms_p50", "program_e2e_ms_p99", "programs_per_second")}
+        out[mode]["step_ttft_ms_p50"] = [
+            statistics.median(xs) if (xs := [r["step_ttft_ms_p50"][k] for r in mine
+                                              if r["step_ttft_ms_p50"][k] is not None]) else None
+            for k in range(n_steps)]
+    pick = {(r["round"], r["mode"]): r for r in runs}
+    rounds = sorted({r["round"] for r in runs})
+    for key, field in (("p99_ratio", "program_e2e_ms_p99"), ("p50_ratio", "program_e2e_ms_p50")):
+        out[key] = spread([pick[(n, "on")][field] / pick[(n, "off")][field]
+                            for n in rounds if (n, "on") in pick and (n, "off") in pick
+                            and pick[(n, "on")][field] and pick[(n, "off")][field]])
+    return out
+
+
+def compare(args, profile, template, send, details, tokens, console) -> int:
+    """``--priority compare``: alternate runs without and with the priorities, then report."""
+    from dataclasses import replace
+
+    from options.bench import report
+    from options.bench.program import measure_programs, program_doc, render_table
+
+    if not isinstance(args.rounds, int) or args.rounds < 1:
+        raise BadInput(f"--rounds {args.rounds!r} must be a whole number >= 1 (3 or more to read "
+                       "medians with a spread)")
+    sends = step_sends("later-steps", profile.steps, details)
+    say = (lambda *_: None) if args.no_progress else console.print
+    runs, kept = [], {}
+    for rnd in range(1, args.rounds + 1):
+        this = replace(profile, seed=profile.seed + rnd - 1)   # its own words, shared by both modes
+        for mode in (("off", "on") if rnd % 2 else ("on", "off")):
+            result, parts, rate = measure_programs(this, send, template, tokens, details.get("url"),
+                                                   step_sends=sends if mode == "on" else None)
+            prog = parts["program"]
+            run = {"round": rnd, "mode": mode, "program_e2e_ms_p50": prog["e2e_ms"]["p50"],
+                   "program_e2e_ms_p99": prog["e2e_ms"]["p99"],
+                   "programs_per_second": prog["programs_per_second"],
+                   "step_ttft_ms_p50": [s["ttft_ms"]["p50"] for s in parts["steps"]],
+                   "completed": prog["completed"], "errors": prog["errors"], "prefix_cache_hit_rate": rate}
+            runs.append(run)
+            kept[(rnd, mode)] = (this, result, parts, rate)
+            say(f"round {rnd} · priority {mode}: program E2E p50 {run['program_e2e_ms_p50'] or 0:,.0f} ms, "
+                f"p99 {run['program_e2e_ms_p99'] or 0:,.0f} ms"
+                + (f", errors {prog['errors']}" if prog["errors"] else ""))
+    ons = sorted((r for r in runs if r["mode"] == "on"), key=lambda r: r["program_e2e_ms_p99"] or 0)
+    this, result, parts, rate = kept[(ons[(len(ons) - 1) // 2]["round"], "on")]
+    doc = program_doc(args, this, template, details, tokens, result, parts, rate)
+    doc["priority"] = {"mode": "compare", "rounds": args.rounds,
+                       "step_priorities": step_priorities(profile.steps),
+                       **summarize_compare(runs), "runs": runs}
+    if args.json:
+        report.write_json(doc, args.json)
+    if args.json != "-":
+        console.print(render_table(doc))
+        console.print(render_compare(doc["priority"]))
+    failed = [r for r in runs if r["completed"] == 0]
+    if failed:
+        console.print(f"[red]every program of a run failed:[/red] {failed[0]['errors']}")
+        return 1
+    return 0
+
+
+def render_compare(p: dict[str, Any]):
+    from rich.table import Table
+
+    f = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
+    band = lambda s, fmt=f: f"{fmt(s['median'])} ({fmt(s['min'])}–{fmt(s['max'])})"  # noqa: E731
+    r2 = lambda x: "-" if x is None else f"{x:.2f}"  # noqa: E731
+    t = Table(title=f"program-aware priority: {p['rounds']} alternating rounds, medians (min–max)")
+    for col in ("priority", "program E2E p50 ms", "program E2E p99 ms", "programs/s",
+                "step TTFT p50 ms"):
+        t.add_column(col, justify="right")
+    for mode in ("off", "on"):
+        e = p[mode]
+        t.add_row("later steps first" if mode == "on" else "off", band(e["program_e2e_ms_p50"]),
+                  band(e["program_e2e_ms_p99"]),
+                  band(e["programs_per_second"], lambda x: "-" if x is None else f"{x:.3f}"),
+                  " / ".join(f(x) for x in e["step_ttft_ms_p50"]))
+    t.add_row("with / without", band(p["p50_ratio"], r2), band(p["p99_ratio"], r2), "", "")
+    return t
+
