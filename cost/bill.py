@@ -396,20 +396,20 @@ def render(data: dict[str, Any]) -> None:
 
     from cost.render import _assumptions, _money, console
 
-    t = Table(box=box.SIMPLE_HEAD, title=f"Bill for {data['month']} ({data['source']})")
+    t = Table(box=box.SIMPLE_HEAD, title=f"Bill for {data['month']} ({data['source']})", collapse_padding=True)
     for col in ("tenant", "model/upstream", "requests", "input tok", "output tok", "basis", "USD", "budget used"):
         t.add_column(col, justify="left" if col in ("tenant", "model/upstream", "basis") else "right", no_wrap=True)
     for tenant in data["tenants"]:
         used = tenant["budget_used_pct"]
         t.add_row(tenant["tenant"], "all", f"{tenant['requests']:,}", f"{tenant['input_tokens']:,}",
                   f"{tenant['output_tokens']:,}", "", _money(tenant["usd"], 2),
-                  "—" if used is None else f"{used:.1f} % of {_money(tenant['budget_usd_month'], 0)}",
+                  "—" if used is None else f"{used:.0f} % of {_money(tenant['budget_usd_month'], 0)}",
                   style="bold red" if used is not None and used > 100 else "bold")
         for line in tenant["upstreams"]:
-            basis = {"per_token": "per token", "fleet_share": f"{line.get('fleet_share_pct', 0):.1f} % of fleet",
+            basis = {"per_token": "per token", "fleet_share": f"fleet {line.get('fleet_share_pct', 0):.1f} %",
                      "none": "—"}[line["basis"]]
             where = (f"{line['model']}/{line['upstream']}" if line["upstream"] is not None
-                     else f"{line['model'] or '—'} (refused before routing)")
+                     else f"{line['model'] or '—'} (refused)")
             t.add_row("", where, f"{line['requests']:,}", f"{line['input_tokens']:,}",
                       f"{line['output_tokens']:,}", basis, _money(line["usd"], 2), "")
     console.print(t)

@@ -292,3 +292,12 @@ def test_bad_ledgers_and_missing_ones(tmp_path):
     proc = cli("--config", str(write_config(tmp_path)), "--month", "2026-11", code=2)
     assert "store is memory" in proc.stderr and "--usage FILE" in proc.stderr
     assert "give the ledger" in cli("--month", "2026-11", code=2).stderr
+
+
+def test_the_table_for_people(tmp_path):
+    usage = write_jsonl(tmp_path / "usage.jsonl", LEDGER)
+    out = cli("--usage", str(usage), "--config", str(write_config(tmp_path)), "--month", "2026-11",
+              "--fleet", "stable=ml.g5.xlarge:2").stdout
+    fleet = expected_november()["fleet"]
+    assert f"fleet stable: 2 x ml.g5.xlarge x {NOVEMBER_HOURS} h = ${fleet:,.2f}" in out
+    assert "chat (refused)" in out and "of $2,000" in out
