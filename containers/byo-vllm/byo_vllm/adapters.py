@@ -433,8 +433,9 @@ class AdapterRegistry:
         self._base_request = None
 
     # -- start-up ----------------------------------------------------------------------------
-    async def start(self, model_dir: Path | None) -> None:
-        """Loads the all-zero adapter (when used) and registers the model folder's adapters."""
+    async def start(self, model_dir: Path | None, adapters_dir: Path | None = None) -> None:
+        """Loads the all-zero adapter (when used) and registers the adapters found in
+        ``adapters_dir`` (default: the model folder's ``adapters/``)."""
         from vllm.lora.request import LoRARequest
 
         if self.zero_adapter:
@@ -447,7 +448,7 @@ class AdapterRegistry:
             await self.engine.add_lora(request)
             await self.engine.pin_lora(request.lora_int_id)
             self._base_request = request
-        folder = model_dir / "adapters" if model_dir is not None else None
+        folder = adapters_dir or (model_dir / "adapters" if model_dir is not None else None)
         if folder is not None and folder.is_dir():
             for path in sorted(folder.iterdir()):
                 if not path.is_dir():

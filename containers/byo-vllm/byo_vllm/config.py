@@ -98,6 +98,9 @@ class ServerSettings:
     # adapter ("auto": where vLLM's LoRA kernels need it, i.e. its CPU torch ops).
     adapter_sources: tuple[str, ...] = ()
     base_zero_adapter: str = "auto"
+    # A folder of adapters (<name>/ each) registered at start-up instead of the model folder's
+    # adapters/: where a pod's init container puts them when the model comes from the hub.
+    adapters_dir: str | None = None
 
     def describe(self) -> dict:
         """The effective configuration, for the one start-up log line (secrets masked)."""
@@ -114,6 +117,7 @@ class ServerSettings:
             "ignored": self.ignored,
             "adapter_sources": list(self.adapter_sources),
             "base_zero_adapter": self.base_zero_adapter,
+            "adapters_dir": self.adapters_dir,
         }
 
 
@@ -165,6 +169,10 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
     read_timeout = _int_setting(env, SERVER_PREFIX + "READ_TIMEOUT", 30, problems, 1, 3600)
     entrypoint = _handler_entrypoint(env, model, problems)
     adapter_sources = _adapter_sources(env, problems)
+    adapters_dir = env.get(SERVER_PREFIX + "ADAPTERS_DIR", "").strip() or None
+    if adapters_dir and (not adapters_dir.startswith("/") or ".." in Path(adapters_dir).parts):
+        problems.append(f"{SERVER_PREFIX}ADAPTERS_DIR={adapters_dir!r} must be an absolute "
+                        "folder without '..'")
     zero = env.get(SERVER_PREFIX + "BASE_ZERO_ADAPTER", "auto").strip().lower() or "auto"
     if zero not in ("auto", "true", "false"):
         problems.append(f"{SERVER_PREFIX}BASE_ZERO_ADAPTER={zero!r} must be auto, true or false")
@@ -178,7 +186,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
         threads=threads, graceful_timeout_s=graceful, read_timeout_s=read_timeout,
         served_model_name=served,
         handler_entrypoint=entrypoint,
-        adapter_sources=adapter_sources, base_zero_adapter=zero,
+        adapter_sources=adapter_sources, base_zero_adapter=zero, adapters_dir=adapters_dir,
         lmi_properties={k[len("OPTION_"):].lower(): v for k, v in lmi.items()} | {
             "model_id": model},
     )

@@ -159,10 +159,13 @@ class EngineAdapter:
             self.engine,
             LoraLimits(gpu_slots=lora.max_loras - 1 - zero,
                        cpu_slots=lora.max_cpu_loras - 1 - zero, max_rank=lora.max_lora_rank),
-            AllowedSources.build(model_dir, self.settings.adapter_sources), store,
+            AllowedSources.build(model_dir, self.settings.adapter_sources
+                                 + ((self.settings.adapters_dir,) if self.settings.adapters_dir
+                                    else ())), store,
             base_names=(self.settings.served_model_name, self.settings.model),
             base_modules=base, zero_adapter=self._zero_adapter)
-        await registry.start(model_dir)
+        await registry.start(model_dir, Path(self.settings.adapters_dir)
+                             if self.settings.adapters_dir else None)
         self.adapters = registry
 
     def _fail(self, why: str) -> None:
