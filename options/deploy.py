@@ -124,6 +124,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return build_parser(known.level).parse_args(argv)
 
 
+def local_server_env(level: int, model: str | None = None, options: list[str] | tuple[str, ...] = ()):
+    """Rung ``level``'s server on this machine as ``--target local`` starts it (its configuration
+    mapped onto the bring-your-own server): a context giving ``(env, what it runs)``, for the
+    other CLIs (bench, agent) to start with ``options.local_server.serve_here``."""
+    module = rung_module(level)
+    args = parse_args(["--level", str(level), "--target", "local"] + (["--model", model] if model else [])
+                      + [f"--option={o}" for o in options])
+    return module.local_server(module.spec_from_args(args))
+
+
 # ----------------------------------------------------------------------------------- cloud targets
 
 def _target(args, endpoint_url: str | None = None):

@@ -4,9 +4,13 @@ as a local subprocess: what levels 3-5 use for ``--target local``, and what the 
     with LocalServer({"HF_MODEL_ID": str(tiny_model_dir())}) as server:
         server.wait_ready(120)
         requests.post(server.url + "/v1/completions", json={...})
+
+``serve_here`` is how a CLI (bench, agent) starts one for the length of a command: log file,
+start, progress while it loads, stop at the end.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -16,7 +20,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Callable, Iterator, Mapping
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SERVE_SCRIPT = REPO_ROOT / "containers" / "byo-vllm" / "serve"
@@ -134,3 +138,30 @@ class LocalServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def log_path(name: str) -> str:
+    """A new log file for a server a command starts: ``$SPECTRUM_CACHE/logs/NAME-<unix time>.log``."""
+    logs = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
+    os.makedirs(logs, exist_ok=True)
+    return os.path.join(logs, f"{name}-{int(time.time())}.log")
+
+
+@contextlib.contextmanager
+def serve_here(env: Mapping[str, str], what: str, say: Callable[[str], None], *, log_name: str,
+               timeout_s: float = 600.0) -> Iterator[str]:
+    """Start the server with ``env`` for the block, say what runs and each /ping state once while it
+    loads; yields its URL once ready, and stops it (and its engine) when the block ends."""
+    path = log_path(log_name)
+    seen: set[str] = set()
+
+    def progress(elapsed_s: float, state: str) -> None:
+        if state not in seen:            # each state once, not every poll
+            seen.add(state)
+            say(f"  {elapsed_s:5.0f} s  {state}")
+
+    with LocalServer(env, log_path=path) as server:
+        say(f"starting the local server: {what} (log: {path}; stopped when the command ends)")
+        server.wait_ready(timeout_s, on_progress=progress)
+        say(f"ready at {server.url}")
+        yield server.url

@@ -74,34 +74,55 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, console) -> int:
     from options.agent.actions import parse_actions
-    from options.agent.retrieval import Index, read_passages
-    from options.agent.run import run_agent
+    from options.agent.retrieval import read_passages
+    from options.agent.run import Trace, open_index, run_agent
     from options.agent.target import open_model
 
     for name, value, low in (("--max-tokens", args.max_tokens, 1), ("--top-k", args.top_k, 1)):
         if value < low:
             raise BadInput(f"{name} {value} must be at least {low}")
     actions = parse_actions(args.actions) if args.actions else None
-    index = Index.build(read_passages(args.docs))
-    console.print(f"indexed {len(index.passages)} passages from {index.documents} documents in {args.docs} "
-                  f"({index.embedder.name}: the rung serves no embeddings route)")
-    with open_model(args, console.print) as model:
-        trace = run_agent(args.question, index, model, actions=actions, max_tokens=args.max_tokens,
-                          top_k=args.top_k, on_call=lambda c: console.print(
-                              f"  call {c.role}: {c.input_tokens} → {c.output_tokens} tokens, "
-                              f"TTFT {_ms(c.ttft_ms)}, E2E {_ms(c.e2e_ms)}"))
-    doc = trace.to_json(level=args.level, target=args.target, model=model.model, endpoint=model.endpoint,
-                        cost_basis=model.cost_basis)
+    trace = Trace(args.question)
+    about = {"level": args.level, "target": args.target, "model": args.model, "endpoint": None, "cost_basis": ""}
+    try:
+        passages = read_passages(args.docs)
+        with open_model(args, console.print) as model:
+            about.update(model=model.model, endpoint=model.endpoint, cost_basis=model.cost_basis)
+            index = open_index(passages, model)
+            console.print(f"indexed {len(passages)} passages from {index.documents} documents in {args.docs} "
+                          f"with {index.embedder.name}" + (f" ({index.fallback})" if index.fallback else ""))
+            run_agent(args.question, index, model, actions=actions, max_tokens=args.max_tokens, top_k=args.top_k,
+                      trace=trace, on_call=lambda c: console.print(
+                          f"  call {c.role}: {c.input_tokens} → {c.output_tokens} tokens, "
+                          f"TTFT {_ms(c.ttft_ms)}, E2E {_ms(c.e2e_ms)}"))
+    except BaseException as exc:
+        if args.trace and isinstance(exc, (Exception, KeyboardInterrupt)):
+            # The failed task's trace: the calls made until it failed, and why it failed.
+            trace.error = {"kind": "bad input" if isinstance(exc, BadInput) else
+                           "interrupted" if isinstance(exc, KeyboardInterrupt) else "failure",
+                           "type": type(exc).__name__, "message": str(exc)}
+            try:
+                _write_trace(args.trace, trace.to_json(**about))
+            except BadInput as unwritable:
+                console.print(f"note: {unwritable}")
+            else:
+                console.print(f"the trace of the failed task is in {args.trace}")
+        raise
+    doc = trace.to_json(**about)
     if args.trace:
-        try:
-            Path(args.trace).write_text(json.dumps(doc, indent=2) + "\n")
-        except OSError as exc:
-            raise BadInput(f"--trace {args.trace!r} cannot be written: {exc.strerror}") from None
+        _write_trace(args.trace, doc)
     if args.json:
         print(json.dumps(doc, indent=2))
     else:
         console.print(render(doc))
     return 0
+
+
+def _write_trace(path: str, doc: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(doc, indent=2) + "\n")
+    except OSError as exc:
+        raise BadInput(f"--trace {path!r} cannot be written: {exc.strerror}") from None
 
 
 def _ms(x: float | None) -> str:
@@ -122,7 +143,9 @@ def render(doc: dict[str, Any]):
     head = Table(show_header=False, box=None)
     head.add_row("plan", f"{' → '.join(plan['actions'])}  ({plan['source']})")
     head.add_row("steps", steps)
-    head.add_row("retrieved", f"{hits}  ({doc['retrieval']['method']})")
+    fallback = doc["retrieval"].get("fallback")
+    head.add_row("retrieved", f"{hits}  ({doc['retrieval']['method']}"
+                 + (f": the fallback, since {fallback})" if fallback else ")"))
     calls = Table(title=f"level {doc['level']} · {doc['target']} · {doc['endpoint']}")
     for col in ("#", "role", "tokens in", "tokens out", "TTFT", "E2E", "cost"):
         calls.add_column(col, justify="left" if col == "role" else "right")

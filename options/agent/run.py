@@ -2,7 +2,9 @@
 
 The model is reached through ``options.contract`` only (``Model.send`` is an
 ``invoke_http``, ``invoke_sagemaker`` or Bedrock ``converse_stream``), so the same task runs on
-every rung and its trace compares them.
+every rung and its trace compares them. Retrieval embeds with the rung's embeddings route when
+``Model.embeddings_url`` names one that answers; otherwise with the local fallback, and the
+trace says which and why.
 """
 from __future__ import annotations
 
@@ -12,8 +14,9 @@ from typing import Any, Callable, Iterator
 
 from options.agent.actions import (ACTIONS, DEFAULT_PLAN, PLAN_MAX_TOKENS, SYSTEM_PROMPT, model_prompt,
                                    planner_prompt, read_plan)
-from options.agent.retrieval import Index
-from options.contract import Request, StreamEvent, Usage, collect
+from options.agent.retrieval import (Embedded, EmbeddingsNotServed, HashedBagOfWords, Index, Passage,
+                                     ServedEmbeddings)
+from options.contract import Request, Result, StreamEvent, Usage, collect
 from options.core import BadInput
 
 TRACE_SCHEMA = "spectrum.agent-trace/1"
@@ -26,11 +29,15 @@ class AgentFailed(RuntimeError):
 @dataclass
 class Model:
     """How the agent reaches the rung, and how a call is priced."""
-    send: Callable[[Request], Iterator[StreamEvent]]
+    send: Callable[[Request], Iterator[StreamEvent] | Result]
     endpoint: str                       # where calls go, for the trace
     model: str | None = None            # the model name requests carry (Bedrock, OpenAI servers)
     hourly_usd: float | None = None     # self-hosted: the instance's price, for instance time per call
     cost_basis: str = ""                # how cost_usd is reckoned, in words
+    streams: bool = True                # False: one answer per call (no TTFT), e.g. on moto's SageMaker
+    embeddings_url: str | None = None   # the rung's OpenAI embeddings route, tried before the fallback
+    no_embeddings: str = "the rung serves no embeddings route"    # why there is none to try
+    timeout_s: float = 300.0
 
     def cost(self, usage: Usage, e2e_s: float | None) -> float | None:
         if usage.cost_usd is not None:                 # Bedrock: tokens × the price table
@@ -59,12 +66,45 @@ class Call:
 
 def call_model(model: Model, role: str, prompt: str, max_tokens: int) -> Call:
     """One streamed call; its TTFT and E2E measured from just before it is sent."""
-    req = Request(prompt=prompt, system=SYSTEM_PROMPT, max_tokens=max_tokens, stream=True, model=model.model)
+    req = Request(prompt=prompt, system=SYSTEM_PROMPT, max_tokens=max_tokens, stream=model.streams,
+                  model=model.model)
     started = time.perf_counter()
-    res = collect(model.send(req), started)
-    ms = lambda s: None if s is None else s * 1000  # noqa: E731
-    return Call(model.endpoint, role, res.usage.input_tokens, res.usage.output_tokens, ms(res.timings.ttft_s),
-                ms(res.timings.e2e_s), model.cost(res.usage, res.timings.e2e_s), res.text)
+    answer = model.send(req)
+    res = answer if isinstance(answer, Result) else collect(answer, started)
+    # An answer with no text has no last token to time: its end-to-end is when the answer ended.
+    e2e_s = res.timings.e2e_s if res.timings.e2e_s is not None else time.perf_counter() - started
+    ttft_ms = None if res.timings.ttft_s is None else res.timings.ttft_s * 1000
+    return Call(model.endpoint, role, res.usage.input_tokens, res.usage.output_tokens, ttft_ms, e2e_s * 1000,
+                model.cost(res.usage, e2e_s), res.text)
+
+
+def embed_call(model: Model, index: Index, role: str, embedded: Embedded) -> Call:
+    """A call to the rung's embeddings route: its input tokens, no output, no first token."""
+    e2e_ms = None if embedded.e2e_s is None else embedded.e2e_s * 1000
+    return Call(index.embedder.endpoint, role, embedded.input_tokens, 0, None, e2e_ms,
+                model.cost(Usage(embedded.input_tokens, 0), embedded.e2e_s))
+
+
+def open_index(passages: list[Passage], model: Model) -> Index:
+    """Embed the passages with the rung's route if it serves one, else with the local fallback,
+    which the index then names (``Index.fallback``) with the reason."""
+    if model.embeddings_url:
+        try:
+            return Index.build(passages, ServedEmbeddings(model.embeddings_url, model.model, model.timeout_s))
+        except EmbeddingsNotServed as exc:
+            why = str(exc)
+    else:
+        why = model.no_embeddings
+    return Index.build(passages, HashedBagOfWords(), fallback=why)
+
+
+def retrieval_about(index: Index, model: Model, top_k: int) -> dict[str, Any]:
+    about: dict[str, Any] = {"method": index.embedder.name, "documents": index.documents,
+                             "passages": len(index.passages), "top_k": top_k, "fallback": index.fallback,
+                             "hits": []}
+    if index.embedder.endpoint:       # indexing is before the task: its call is shown, not in calls
+        about["indexing"] = embed_call(model, index, "index", index.indexing).to_json()
+    return about
 
 
 @dataclass
@@ -77,6 +117,7 @@ class Trace:
     steps: list[dict[str, Any]] = field(default_factory=list)     # each action: ran or skipped, why
     answer: str = ""
     wall_ms: float = 0.0
+    error: dict[str, Any] | None = None     # why the task failed; the calls made until then stay
 
     def totals(self) -> dict[str, Any]:
         def total(key: str):
@@ -90,17 +131,29 @@ class Trace:
         return {"schema": TRACE_SCHEMA, **about, "question": self.question,
                 "plan": {"actions": self.plan, "source": self.plan_source}, "retrieval": self.retrieval,
                 "steps": self.steps, "calls": [c.to_json() for c in self.calls], "answer": self.answer,
-                "totals": self.totals()}
+                "totals": self.totals(), **({"error": self.error} if self.error else {})}
 
 
 def run_agent(question: str, index: Index, model: Model, *, actions: list[str] | None = None,
-              max_tokens: int = 128, top_k: int = 3,
-              on_call: Callable[[Call], None] | None = None) -> Trace:
-    """Plan (unless ``actions`` is given), then run each action on the previous one's result."""
+              max_tokens: int = 128, top_k: int = 3, on_call: Callable[[Call], None] | None = None,
+              trace: Trace | None = None) -> Trace:
+    """Plan (unless ``actions`` is given), then run each action on the previous one's result.
+
+    Pass ``trace`` to keep what was done when this raises: the calls made until then.
+    """
     if not question.strip():
         raise BadInput("--question is empty: ask what the agent should answer from the documents")
-    trace = Trace(question)
+    trace = trace if trace is not None else Trace(question)
     started = time.perf_counter()
+    try:
+        return _run(trace, index, model, actions, max_tokens, top_k, on_call)
+    finally:
+        trace.wall_ms = (time.perf_counter() - started) * 1000
+
+
+def _run(trace: Trace, index: Index, model: Model, actions: list[str] | None, max_tokens: int, top_k: int,
+         on_call: Callable[[Call], None] | None) -> Trace:
+    question = trace.question
 
     def record(call: Call) -> Call:
         trace.calls.append(call)
@@ -119,14 +172,16 @@ def run_agent(question: str, index: Index, model: Model, *, actions: list[str] |
             trace.plan = list(DEFAULT_PLAN)
             trace.plan_source = (f"the default plan: the model's plan named no known action "
                                  f"({planned.text.strip()[:80]!r})")
-    trace.retrieval = {"method": index.embedder.name, "documents": index.documents,
-                       "passages": len(index.passages), "top_k": top_k, "hits": []}
+    trace.retrieval = retrieval_about(index, model, top_k)
     passages: list[str] = []
     context = ""
     for name in trace.plan:
         action = ACTIONS[name]
         if action.name == "retrieve":
-            hits = index.search(question, top_k)
+            query = index.embedder.embed([question])
+            if index.embedder.endpoint:
+                record(embed_call(model, index, "embed", query))
+            hits = index.nearest(query.vectors[0], top_k)
             trace.retrieval["hits"] = [{"passage": p.ref, "score": round(s, 4)} for p, s in hits]
             if not hits:
                 trace.steps.append({"action": name, "ran": False,
@@ -142,10 +197,13 @@ def run_agent(question: str, index: Index, model: Model, *, actions: list[str] |
                                 "why": "nothing retrieved to work on" if action.needs == "passages"
                                 else "no earlier result to work from"})
             continue
-        call = record(call_model(model, name, model_prompt(action, question, given), max_tokens))
+        try:
+            call = record(call_model(model, name, model_prompt(action, question, given), max_tokens))
+        except Exception as exc:
+            trace.steps.append({"action": name, "ran": False, "why": f"its call failed: {exc}"})
+            raise
         context = call.text
         trace.steps.append({"action": name, "ran": True, "result": f"{len(call.text)} characters"})
-    trace.wall_ms = (time.perf_counter() - started) * 1000
     ran = [s for s in trace.steps if s["ran"]]
     if not ran:
         why = "; ".join(f"{s['action']}: {s['why']}" for s in trace.steps)

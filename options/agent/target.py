@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
-import time
 from typing import Iterator
+from urllib.parse import urlsplit
 
-from options.agent.run import Model
+from options.agent.run import AgentFailed, Model
 from options.core import BEDROCK, BadInput, rung
 
 SELF_HOSTED_BASIS = "instance time: e2e × the instance's hourly price (one call at a time; shared under load)"
@@ -24,9 +23,15 @@ def _hourly(args: argparse.Namespace, level: int) -> tuple[float | None, str]:
     return load_prices().instance(args.instance).hourly(platform), f"{SELF_HOSTED_BASIS}; {args.instance} on {platform}"
 
 
+def _origin(url: str) -> str:
+    """``http://host:port`` of a URL that may name a path: the embeddings route hangs off the server."""
+    parts = urlsplit(url if "://" in url else f"http://{url}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
 @contextlib.contextmanager
 def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
-    from options.contract import invoke_http, invoke_sagemaker
+    from options.contract import InvokeError, invoke_http, invoke_sagemaker
     from options.spectrum import check_target
 
     level = args.level
@@ -35,7 +40,8 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
     if args.url:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(args.url, req, dialect, timeout_s=args.timeout),
-                    f"{args.url.rstrip('/')} ({dialect})", args.model, hourly, basis)
+                    f"{args.url.rstrip('/')} ({dialect})", args.model, hourly, basis,
+                    embeddings_url=_origin(args.url), timeout_s=args.timeout)
         return
     if r.can.dialect == BEDROCK:
         if args.target == "local":
@@ -48,7 +54,9 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
             "bedrock-runtime", config=retry_config()))
         model = args.model or DEFAULT_MODEL
         yield Model(client.converse_stream, f"bedrock-runtime {client.region} {model}", model,
-                    cost_basis="Bedrock usage × the price table (on-demand)")
+                    cost_basis="Bedrock usage × the price table (on-demand)",
+                    no_embeddings="Bedrock's Converse API serves no embeddings (embedding models are "
+                                  "separate model ids the agent does not call)")
         return
     check_target(level, args.target)
     if args.target in ("aws", "emulator"):
@@ -57,40 +65,41 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
                            f"python -m options.deploy --level {level} --target {args.target}), or --url for a "
                            "server you reach directly")
         from options.aws import Target
+        if args.target == "emulator" and not args.endpoint_url:
+            raise BadInput("--target emulator calls an endpoint on a running emulator: give its --endpoint-url "
+                           "(e.g. python -m moto.server -p 5000, then python -m options.deploy --level "
+                           f"{level} --target emulator --endpoint-url http://127.0.0.1:5000 creates the endpoint)")
         client = Target(args.target, args.region, args.endpoint_url).client("sagemaker-runtime")
         hourly, basis = _hourly(args, level)
-        yield Model(lambda req: invoke_sagemaker(client, args.endpoint, req, dialect),
-                    f"sagemaker:{args.endpoint} ({dialect})", args.model, hourly, basis)
+        streams = args.target == "aws"
+        if not streams:      # moto 5.2.5 lacks InvokeEndpointWithResponseStream
+            say("the emulator cannot stream: each call is one InvokeEndpoint, so its TTFT is not measured")
+
+        def send(req):
+            try:
+                return invoke_sagemaker(client, args.endpoint, req, dialect)
+            except InvokeError as exc:
+                if args.target == "emulator" and exc.kind == "bad_response":
+                    raise AgentFailed(f"{exc}. The emulator runs no model: it replays the answers queued at "
+                                      "/moto-api/static/sagemaker/endpoint-results (options.aws."
+                                      "queue_emulator_result), one per call; queue one for each call") from None
+                raise
+        yield Model(send,
+                    f"sagemaker:{args.endpoint} ({dialect})", args.model, hourly, basis, streams=streams,
+                    no_embeddings="a SageMaker endpoint is reached through /invocations only, where the "
+                                  "agent does not probe for embeddings (an LMI endpoint would generate text)",
+                    timeout_s=args.timeout)
         return
     if not r.can.serves_locally:
         raise BadInput(f"level {level} ({r.name}) does not serve on this machine: {r.can.reason('serves_locally')}. "
                        "Give the --url of a server you reach (e.g. through kubectl port-forward), or --target aws")
-    with local_server(args, say) as url:
+    from options.deploy import local_server_env
+    from options.local_server import serve_here
+
+    with local_server_env(level, args.model, args.option) as (env, what), \
+            serve_here(env, f"level {level}'s server: {what}", say, log_name=f"agent-level{level}") as url:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(url, req, dialect, path="/invocations", timeout_s=args.timeout),
                     f"{url}/invocations ({dialect})", None, hourly,
                     basis if args.instance else "this machine: no AWS bill (give --instance TYPE to price "
-                    "the rung's instance time)")
-
-
-@contextlib.contextmanager
-def local_server(args: argparse.Namespace, say) -> Iterator[str]:
-    """Rung ``args.level``'s server on this machine, as ``python -m options.deploy --level N``
-    starts it (its configuration mapped onto the bring-your-own server), stopped at the end."""
-    from options.deploy import parse_args
-    from options.local_server import LocalServer
-    from options.spectrum import rung_module
-
-    module = rung_module(args.level)
-    deploy_args = parse_args(["--level", str(args.level), "--target", "local"]
-                             + (["--model", args.model] if args.model else [])
-                             + [f"--option={o}" for o in args.option])
-    logs = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
-    os.makedirs(logs, exist_ok=True)
-    log_path = os.path.join(logs, f"agent-level{args.level}-{int(time.time())}.log")
-    with module.local_server(module.spec_from_args(deploy_args)) as (env, what), \
-            LocalServer(env, log_path=log_path) as server:
-        say(f"starting level {args.level}'s server here: {what} (log: {log_path})")
-        server.wait_ready(600)
-        say(f"ready at {server.url}")
-        yield server.url
+                    "the rung's instance time)", embeddings_url=url, timeout_s=args.timeout)

@@ -3,9 +3,9 @@ failures that must not pass as success, the CLI, Bedrock through botocore, and o
 real local server."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -50,7 +50,7 @@ def test_long_files_are_cut_near_the_passage_size(tmp_path):
 
 def test_the_local_embedding_is_stable_and_unit_length():
     emb = HashedBagOfWords(dims=64)
-    a, b = emb.embed(["rolling batch size", "rolling batch size"])
+    a, b = emb.embed(["rolling batch size", "rolling batch size"]).vectors
     assert a == b and math.isclose(sum(x * x for x in a), 1.0)
     assert emb.name == "local hashed bag-of-words (64 dims)"
 
@@ -60,6 +60,63 @@ def test_no_documents_is_an_error_saying_what_to_do(tmp_path):
         read_passages(tmp_path)
     with pytest.raises(BadInput, match="is not a folder"):
         read_passages(tmp_path / "missing")
+
+
+# --- the rung's embeddings, or the fallback --------------------------------------------------------
+
+def test_retrieval_uses_the_rungs_embeddings_route_and_traces_the_embed_call(scripted_rung, docs):
+    from options.agent.run import open_index
+
+    rung, url = scripted_rung
+    rung.embeddings = "served"
+    model = _http_model(url)
+    model.embeddings_url = url
+    index = open_index(read_passages(docs), model)
+    assert index.fallback is None and index.embedder.name == f"the rung's embeddings ({url}/v1/embeddings)"
+    assert rung.embedded == [[p.text for p in index.passages]]           # one batch: every passage
+    trace = run_agent(QUESTION, index, model)
+    # The course's four serial calls: plan → embed → summarise → analyse.
+    assert [c.role for c in trace.calls] == ["plan", "embed", "summarise", "analyse"]
+    assert rung.embedded[1] == [QUESTION]
+    embed = trace.calls[1]
+    assert embed.endpoint == f"{url}/v1/embeddings" and embed.ttft_ms is None
+    # The rung's usage: it counts the words of what it embedded.
+    assert (embed.input_tokens, embed.output_tokens) == (len(QUESTION.split()), 0)
+    assert embed.cost_usd == pytest.approx(1.408 * embed.e2e_ms / 1000 / 3600)
+    doc = trace.to_json()
+    assert doc["retrieval"]["hits"][0]["passage"] == "lmi.md#0" and doc["retrieval"]["fallback"] is None
+    indexing = doc["retrieval"]["indexing"]
+    assert indexing["role"] == "index" and indexing["input_tokens"] == sum(len(p.text.split()) for p in index.passages)
+    assert doc["totals"]["input_tokens"] == sum(c["input_tokens"] for c in doc["calls"])   # indexing is not a call
+
+
+@pytest.mark.parametrize("answer, said", [("400", "HTTP 400: .*does not pool"), ("404", "HTTP 404")])
+def test_a_rung_without_embeddings_falls_back_to_the_local_one_and_says_why(scripted_rung, docs, answer, said):
+    from options.agent.run import open_index
+
+    rung, url = scripted_rung
+    rung.embeddings = answer
+    model = _http_model(url)
+    model.embeddings_url = url
+    index = open_index(read_passages(docs), model)
+    assert index.embedder.name.startswith("local hashed bag-of-words")
+    assert re.match(f"{re.escape(url)}/v1/embeddings answered {said}", index.fallback)
+    trace = run_agent(QUESTION, index, model)
+    assert [c.role for c in trace.calls] == ["plan", "summarise", "analyse"]
+    assert trace.to_json()["retrieval"]["fallback"] == index.fallback and rung.embedded == []
+
+
+def test_cli_names_the_embeddings_it_used(scripted_rung, docs, tmp_path):
+    rung, url = scripted_rung
+    rung.embeddings = "400"
+    done = _cli("--level", "5", "--url", url, "--docs", str(docs), "--question", QUESTION)
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 0 and "with local hashed bag-of-words (512 dims) (" in out and "does not pool" in out
+    rung.embeddings = "served"
+    done = _cli("--level", "5", "--url", url, "--docs", str(docs), "--question", QUESTION, "--json")
+    trace = json.loads(done.stdout)
+    assert [c["role"] for c in trace["calls"]] == ["plan", "embed", "summarise", "analyse"]
+    assert trace["retrieval"]["method"] == f"the rung's embeddings ({url}/v1/embeddings)"
 
 
 # --- the plan ---------------------------------------------------------------------------------
@@ -154,73 +211,36 @@ def test_cli_bad_input_exits_2_naming_the_value(docs, args, message):
     assert message in " ".join(done.stdout.split())
 
 
-def test_cli_without_documents_exits_2(tmp_path):
-    done = _cli("--level", "5", "--url", "http://127.0.0.1:9", "--docs", str(tmp_path), "--question", "q")
-    assert done.returncode == 2 and "no documents indexed" in " ".join(done.stdout.split())
+def test_cli_without_documents_exits_2_and_the_trace_says_why(tmp_path):
+    trace_path = tmp_path / "trace.json"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    done = _cli("--level", "5", "--url", "http://127.0.0.1:9", "--docs", str(empty), "--question", "q",
+                "--trace", str(trace_path))
+    out = " ".join(done.stdout.split())
+    assert done.returncode == 2 and "error: no documents indexed" in out and "Put the documents" in out
+    trace = json.loads(trace_path.read_text())
+    assert trace["error"]["kind"] == "bad input" and trace["error"]["message"].startswith("no documents indexed")
+    assert trace["calls"] == [] and trace["totals"]["calls"] == 0
 
 
-# --- Bedrock, faked at botocore's level -------------------------------------------------------------
-
-def _aws_event_stream():
-    spec = importlib.util.spec_from_file_location("aws_event_stream", REPO / "tests" / "bedrock" / "aws_event_stream.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_agent_on_bedrock_prices_each_call_from_its_usage(docs):
-    import boto3
-
-    from options.bedrock.client import BedrockClient, retry_config
-    from cost.prices import load_prices
-
-    es = _aws_event_stream()
-    client = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                   region_name="us-east-1").client("bedrock-runtime", config=retry_config())
-    stream = ([es.event("messageStart", {"role": "assistant"})]
-              + [es.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}})
-                 for t in ("retrieve, ", "analyse")]
-              + [es.event("messageStop", {"stopReason": "end_turn"}),
-                 es.event("metadata", {"usage": {"inputTokens": 120, "outputTokens": 7, "totalTokens": 127},
-                                       "metrics": {"latencyMs": 40}})])
-    sent = es.answer_with_events(client, "ConverseStream", stream)
-    model_id = "amazon.nova-micro-v1:0"
-    prices = load_prices(REPO / "cost" / "data" / "prices-2026-11-29.json")
-    model = Model(BedrockClient(client, prices).converse_stream, "bedrock-runtime", model_id)
-    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
-    assert trace.plan == ["retrieve", "analyse"] and [c.role for c in trace.calls] == ["plan", "analyse"]
-    # Nova Micro: $0.035 in, $0.14 out per 1M tokens.
-    assert [c.cost_usd for c in trace.calls] == [pytest.approx((120 * 0.035 + 7 * 0.14) / 1e6)] * 2
-    bodies = [json.loads(r.body) for r in sent]
-    assert bodies[0]["system"][0]["text"].startswith("You are a knowledge agent")
-    assert "[lmi.md#0]" in bodies[1]["messages"][0]["content"][0]["text"]
-    assert sent[0].url.endswith("/model/amazon.nova-micro-v1%3A0/converse-stream")
-
-
-def test_the_agent_on_a_sagemaker_endpoint_in_the_rungs_dialect(docs):
-    import boto3
-
-    from options.contract import StreamEvent, Usage, invoke_sagemaker, sse_stream
-
-    es = _aws_event_stream()
-    client = boto3.session.Session(aws_access_key_id="testing", aws_secret_access_key="testing",
-                                   region_name="us-east-1").client("sagemaker-runtime")
-    events = [StreamEvent("text", text="retrieve, "), StreamEvent("text", text="analyse"),
-              StreamEvent("finish", finish_reason="stop"), StreamEvent("usage", usage=Usage(150, 3))]
-    data = b"".join(sse_stream(events, "tgi"))
-    sent = es.answer_with_events(client, "InvokeEndpointWithResponseStream",
-                                 [es.event("PayloadPart", data[i:i + 9], "application/octet-stream")
-                                  for i in range(0, len(data), 9)])
-    model = Model(lambda req: invoke_sagemaker(client, "agent-ep", req, "tgi"), "sagemaker:agent-ep",
-                  hourly_usd=7.09)
-    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
-    assert [c.role for c in trace.calls] == ["plan", "analyse"]
-    assert [(c.input_tokens, c.output_tokens) for c in trace.calls] == [(150, 3), (150, 3)]
-    bodies = [json.loads(r.body) for r in sent]
-    # LMI's dialect: the system prompt leads the text of "inputs".
-    assert bodies[1]["inputs"].startswith("You are a knowledge agent") and "[lmi.md#0]" in bodies[1]["inputs"]
-    assert all(r.url.endswith("/endpoints/agent-ep/invocations-response-stream") for r in sent)
-    assert trace.totals()["cost_usd"] == pytest.approx(7.09 * trace.totals()["e2e_ms"] / 1000 / 3600)
+def test_a_task_that_fails_midway_writes_its_calls_and_the_error(scripted_rung, docs, tmp_path):
+    rung, url = scripted_rung
+    rung.fail_from = 2                      # the plan and summarise answer; analyse gets HTTP 500
+    trace_path = tmp_path / "trace.json"
+    done = _cli("--level", "5", "--url", url, "--docs", str(docs), "--question", QUESTION,
+                "--instance", "ml.g5.xlarge", "--trace", str(trace_path))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "failed: " in done.stdout and "answered HTTP 500" in " ".join(done.stdout.split())
+    trace = json.loads(trace_path.read_text())
+    assert trace["error"]["kind"] == "failure" and "HTTP 500" in trace["error"]["message"]
+    assert [c["role"] for c in trace["calls"]] == ["plan", "summarise"]
+    assert [(s["action"], s["ran"]) for s in trace["steps"]] == [("retrieve", True), ("summarise", True),
+                                                                 ("analyse", False)]
+    assert trace["steps"][2]["why"].startswith("its call failed: ") and "HTTP 500" in trace["steps"][2]["why"]
+    assert trace["totals"]["input_tokens"] == sum(len(p.split()) for p in rung.prompts)
+    assert trace["totals"]["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in trace["calls"]))
+    assert trace["answer"] == ""
 
 
 # --- the real local server ------------------------------------------------------------------------
