@@ -45,19 +45,21 @@ def answers(url: str) -> bool:
 class RedisServer:
     """A redis-server on a free port with its own directory; ``stop`` saves, ``start`` loads."""
 
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, *extra_args: str) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: the gateway's shared-state tests need "
                         "it; tests/run.sh installs it (Debian: apt-get install redis-server)")
         self.binary, self.dir, self.port = binary, directory, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.extra_args = list(extra_args)       # e.g. --appendonly yes: survives a SIGKILL
         self.process = None
 
     def start(self) -> None:
         self.process = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "redis.log"],
+             "--save", "", "--appendonly", "no", "--daemonize", "no", "--logfile", "redis.log",
+             *self.extra_args],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         import redis
         client = redis.Redis(port=self.port)
@@ -70,6 +72,11 @@ class RedisServer:
             return client.ping()
         except redis.RedisError:
             return False
+
+    def kill(self) -> None:
+        """SIGKILL: gone at once, mid-command, as a crashed or unplugged Redis is."""
+        self.process.kill()
+        self.process.wait()
 
     def stop(self) -> None:
         if self.process and self.process.poll() is None:

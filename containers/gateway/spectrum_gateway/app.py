@@ -25,7 +25,7 @@ from . import meter
 from .auth import Authenticator, load_secret
 from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
-from .routing import attempts
+from .routing import Replicas, attempts
 from .store import open_store
 from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFailure, event_json,
                        split_events)
@@ -66,6 +66,9 @@ class Call:
         self.reserved_cost = 0.0
         self.prompt_estimate = 0
         self.stream = False
+        self.session: str | None = None        # x-session-id, or the body's "user"
+        self.replica: str | None = None        # which of the upstream's replicas answered
+        self.routing: str | None = None        # how that replica was chosen
 
     def entry_and_deltas(self, status: int, usage: dict | None, streamed_chunks: int = 0):
         if usage:
@@ -85,7 +88,8 @@ class Call:
             upstream=self.upstream.name if self.upstream else None,
             fallback_from=[f.upstream for f in self.failures], input_tokens=input_tokens,
             output_tokens=output_tokens, usage_source=source, status=status,
-            latency_s=time.perf_counter() - self.started, stream=self.stream, cost_usd=cost)
+            latency_s=time.perf_counter() - self.started, stream=self.stream, cost_usd=cost,
+            replica=self.replica, routing=self.routing)
         return entry, input_tokens + output_tokens - self.reserved_tokens, cost - self.reserved_cost
 
 
@@ -122,6 +126,18 @@ def requested_max_tokens(body: dict, model: Model) -> int:
     return value * n
 
 
+def session_of(request: Request, body: dict) -> str | None:
+    """The program a request belongs to: the ``x-session-id`` header, else OpenAI's ``user``."""
+    session = request.headers.get("x-session-id") or body.get("user")
+    if session is None or session == "":
+        return None
+    if not isinstance(session, str) or len(session) > 256:
+        raise GatewayError(400, f"the session id (x-session-id or \"user\") must be a string of "
+                                f"at most 256 characters, got {str(session)[:40]!r}",
+                           "invalid_session")
+    return session
+
+
 class Gateway:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
@@ -130,6 +146,9 @@ class Gateway:
         self.upstreams = OpenAIUpstreams(config)
         self._managed = None
         self.inflight = 0
+        # (model, upstream) → its replicas, for upstreams with more than one URL.
+        self.replicas = {(m.name, u.name): Replicas(u) for m in config.models.values()
+                         for u in m.upstreams if len(u.urls) > 1}
 
     @property
     def managed(self):
@@ -229,6 +248,7 @@ class Gateway:
                                     f"{{\"include_usage\": true}}, got {body['stream_options']!r}",
                                "invalid_stream_options")
         call.stream = bool(body.get("stream"))
+        call.session = session_of(request, body)
         order = attempts(model, principal.tenant)
 
         call.prompt_estimate = estimate_prompt_tokens(body)
@@ -240,6 +260,8 @@ class Gateway:
             raise GatewayError(429, decision.message(), f"rate_limit_{decision.reason}", headers)
         call.limits, call.reserved_tokens, call.reserved_cost = limits, tokens, cost
         headers["x-request-id"] = call.request_id
+        if model.priority.later_steps_first:
+            body = dict(body, priority=await self.program_priority(call, model))
 
         if call.stream:
             response = await self._open(call, order, body, path, headers)
@@ -254,6 +276,16 @@ class Gateway:
                                      headers)
         return await self._unless_client_leaves(request, call, whole)
 
+    async def program_priority(self, call: Call, model: Model) -> int:
+        """vLLM's ``priority`` (lower goes first) from the session's attained count: a new
+        program's first request gets 0 (vLLM's default), its k-th -(k-1), so a program
+        already running goes before programs still to start. No session: 0."""
+        if call.session is None:
+            return 0
+        earlier = await self.store.attained(call.tenant, call.session,
+                                            model.priority.session_ttl_s)
+        return -earlier
+
     async def _open(self, call: Call, order: list, body: dict, path: str, headers: dict):
         """The first upstream in ``order`` that answers; each failure noted in ``headers``."""
         response = None
@@ -262,8 +294,11 @@ class Gateway:
             if call.stream:   # ask for usage so the ledger has the upstream's own count
                 upstream_body["stream_options"] = {**(body.get("stream_options") or {}),
                                                    "include_usage": True}
+            replicas = self.replicas.get((call.model, upstream.name))
             try:
-                if upstream.kind == "openai":
+                if replicas is not None:
+                    response = await self._open_replica(call, replicas, path, upstream_body)
+                elif upstream.kind == "openai":
                     response = await self.upstreams.open(upstream, path, upstream_body)
                 else:
                     response = await self.managed.open(upstream, path, upstream_body, call.model,
@@ -284,7 +319,49 @@ class Gateway:
                                "; ".join(map(str, call.failures)),
                                "upstream_timeout" if status == 504 else "upstream_failed", headers)
         headers["x-spectrum-upstream"] = call.upstream.name
+        if call.replica is not None:
+            headers["x-spectrum-replica"] = call.replica
         return response
+
+    async def _open_replica(self, call: Call, replicas: Replicas, path: str, body: dict):
+        """The first of the upstream's replicas, in the session's order, that answers; each
+        one that fails is ejected for ``eject_s`` and noted, and the next one tried. Raises
+        the last failure when none answers (the model's fallback comes next)."""
+        key = None if call.session is None else f"{call.tenant}\0{call.session}"
+        order, how = replicas.order(key, time.monotonic())
+        failure = None
+        for rank, index in enumerate(order):
+            replicas.in_flight[index] += 1
+            released = False
+
+            def release(index=index):
+                nonlocal released
+                if not released:
+                    released = True
+                    replicas.in_flight[index] -= 1
+            try:
+                response = await self.upstreams.open(replicas.upstream, path, body,
+                                                     replicas.names[index], replicas.urls[index])
+            except UpstreamFailure as e:
+                release()
+                if e.status != 429:         # over its own quota is busy, not broken
+                    replicas.eject(index, time.monotonic())
+                log.warning("replica %s", e)
+                if failure is not None:
+                    call.failures.append(failure)
+                failure = e
+                continue
+            except BaseException:
+                release()
+                raise
+            replicas.healthy(index)
+            response.on_close = release
+            if failure is not None:
+                call.failures.append(failure)
+            call.replica = replicas.names[index]
+            call.routing = how if rank == 0 else "failover"
+            return response
+        raise failure
 
     async def _unless_client_leaves(self, request: Request, call: Call, work):
         """Run ``work()``, cancelling it (and so closing the upstream connection) if the
@@ -371,8 +448,8 @@ class Gateway:
                 await response.aclose()
                 try:
                     await self.finish(call, status, usage, chunks)
-                except GatewayError as e:
-                    log.error("request %s not metered: %s", call.request_id, e.message)
+                except GatewayError as e:      # kept by the store, settled once it is back
+                    log.error("request %s not metered yet: %s", call.request_id, e.message)
 
     async def models(self, request: Request) -> dict:
         principal = await self.auth.authenticate(request.headers)
@@ -448,7 +525,16 @@ def create_app(config: GatewayConfig | None = None) -> FastAPI:
     @app.get("/metrics")
     async def metrics():
         counters = await gateway.store.metric_counters()
-        text = meter.render(counters, {"spectrum_gateway_streams_in_flight": gateway.inflight})
+        gauges = {"spectrum_gateway_streams_in_flight": gateway.inflight}
+        now = time.monotonic()
+        for (model, upstream), replicas in gateway.replicas.items():
+            for i, name in enumerate(replicas.names):
+                labels = dict(model=model, upstream=upstream, replica=name)
+                gauges[meter.sample("spectrum_gateway_replica_in_flight", **labels)] = \
+                    replicas.in_flight[i]
+                gauges[meter.sample("spectrum_gateway_replica_ejected", **labels)] = \
+                    int(replicas.ejected_until[i] > now)
+        text = meter.render(counters, gauges)
         return Response(text, media_type="text/plain; version=0.0.4")
 
     return app

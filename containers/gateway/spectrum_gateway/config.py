@@ -19,6 +19,21 @@ import yaml
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 # Tokens reserved for a request that names no max_tokens (refunded after, as every reservation).
 DEFAULT_MAX_TOKENS = 1024
+# How an upstream's replicas share requests (``balance``); see routing.Replicas.
+BALANCES = ("affinity", "least_in_flight", "round_robin")
+# A session may hold a replica while it has fewer than this × the mean in-flight per replica.
+DEFAULT_LOAD_BOUND = 1.25
+# ... and in any case while it has fewer than this many in flight.
+DEFAULT_LOAD_FLOOR = 8
+# A replica that refused, timed out or answered 5xx is skipped this long.
+DEFAULT_EJECT_S = 5.0
+# A session's attained count is forgotten this long after its last request.
+DEFAULT_SESSION_TTL_S = 900.0
+# The Redis ledger keeps at most this many entries and this many days (trimmed as it grows).
+DEFAULT_LEDGER_MAX_ENTRIES = 5_000_000
+DEFAULT_LEDGER_RETENTION_DAYS = 62.0
+# How long a Redis concurrency slot lives without its worker renewing it (see quota.py).
+DEFAULT_CONCURRENCY_LEASE_S = 30.0
 
 
 class ConfigError(ValueError):
@@ -45,6 +60,11 @@ class Upstream:
     name: str
     weight: float
     url: str | None = None                 # OpenAI-compatible base URL (…/v1 added when absent)
+    urls: tuple[str, ...] = ()             # its replicas (``url`` alone: one); url is urls[0]
+    balance: str = "affinity"              # how the replicas share requests (BALANCES)
+    load_bound: float = DEFAULT_LOAD_BOUND
+    load_floor: int = DEFAULT_LOAD_FLOOR
+    eject_s: float = DEFAULT_EJECT_S
     model: str | None = None               # the name the upstream knows the model by
     api_key_env: str | None = None         # environment variable holding the upstream's key
     bedrock: dict | None = None            # {model_id, region?, endpoint_url?}
@@ -61,12 +81,21 @@ class Upstream:
 
 
 @dataclass(frozen=True)
+class Priority:
+    """Program-aware priority: vLLM's ``priority`` set on each request from its session's
+    attained count, so a running program's later steps go before new programs' first."""
+    later_steps_first: bool = False
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
+
+
+@dataclass(frozen=True)
 class Model:
     name: str
     upstreams: tuple[Upstream, ...]
     tenant_overrides: dict = field(default_factory=dict)   # tenant → upstream name
     fallback: tuple[str, ...] = ()
     default_max_tokens: int = DEFAULT_MAX_TOKENS
+    priority: Priority = Priority()
 
     def upstream(self, name: str) -> Upstream:
         return next(u for u in self.upstreams if u.name == name)
@@ -97,6 +126,9 @@ class GatewayConfig:
     # once); a reachable one gets longer per command, as a busy event loop delays replies.
     store_connect_timeout_ms: float = 100.0
     store_command_timeout_ms: float = 1000.0
+    ledger_max_entries: int = DEFAULT_LEDGER_MAX_ENTRIES
+    ledger_retention_days: float = DEFAULT_LEDGER_RETENTION_DAYS
+    concurrency_lease_s: float = DEFAULT_CONCURRENCY_LEASE_S
 
     @property
     def uses_redis(self) -> bool:
@@ -117,11 +149,13 @@ class GatewayConfig:
 
 TOP_KEYS = {"store", "state_dir", "secret_file", "jwt", "tenants", "models", "max_body_bytes",
             "connect_timeout_s", "upstream_timeout_s", "store_connect_timeout_ms",
-            "store_command_timeout_ms"}
+            "store_command_timeout_ms", "ledger_max_entries", "ledger_retention_days",
+            "concurrency_lease_s"}
 TENANT_KEYS = {"rpm", "tpm", "max_concurrency", "budget_usd_month", "models"}
-MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens"}
-UPSTREAM_KEYS = {"name", "url", "weight", "model", "api_key_env", "bedrock", "sagemaker",
-                 "usd_per_mtok_input", "usd_per_mtok_output"}
+MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens", "priority"}
+UPSTREAM_KEYS = {"name", "url", "urls", "weight", "model", "api_key_env", "bedrock", "sagemaker",
+                 "usd_per_mtok_input", "usd_per_mtok_output", "balance", "load_bound", "load_floor", "eject_s"}
+PRIORITY_KEYS = {"later_steps_first", "session_ttl_s"}
 JWT_KEYS = {"jwks_file", "jwks_url", "issuer", "audience", "tenant_claim"}
 BEDROCK_KEYS = {"model_id", "region", "endpoint_url"}
 SAGEMAKER_KEYS = {"endpoint", "dialect", "region", "endpoint_url"}
@@ -282,7 +316,12 @@ def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> Gatew
 
     numbers = {k: check.number(k, raw.get(k), integer=False, minimum=0.001)
                for k in ("connect_timeout_s", "upstream_timeout_s", "store_connect_timeout_ms",
-                         "store_command_timeout_ms")}
+                         "store_command_timeout_ms", "ledger_retention_days")}
+    # A lease shorter than a second would be renewed more often than it is worth.
+    numbers["concurrency_lease_s"] = check.number(
+        "concurrency_lease_s", raw.get("concurrency_lease_s"), integer=False, minimum=1)
+    numbers["ledger_max_entries"] = check.number(
+        "ledger_max_entries", raw.get("ledger_max_entries"), integer=True, minimum=100)
     max_body = check.number("max_body_bytes", raw.get("max_body_bytes"), integer=True, minimum=1)
 
     if check.errors:
@@ -311,13 +350,20 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
         uname = check.string(f"{ukey}.name", u.get("name"), allow_none=False) or f"#{i}"
         if any(x.name == uname for x in upstreams):
             check.error(f"{ukey}.name", f"upstream {uname!r} is listed twice in model {name!r}")
-        kinds = [k for k in ("url", "bedrock", "sagemaker") if u.get(k) is not None]
+        kinds = [k for k in ("url", "urls", "bedrock", "sagemaker") if u.get(k) is not None]
         if len(kinds) != 1:
-            check.error(ukey, f"upstream {uname!r} needs exactly one of url, bedrock, sagemaker; "
-                              f"got {', '.join(kinds) or 'none'}")
-        url = check.string(f"{ukey}.url", u.get("url"))
-        if url and not re.match(r"^https?://", url):
-            check.error(f"{ukey}.url", f"{url!r} is not an http(s) URL")
+            check.error(ukey, f"upstream {uname!r} needs exactly one of url, urls (its "
+                              f"replicas), bedrock, sagemaker; got {', '.join(kinds) or 'none'}")
+        urls = _urls(check, ukey, u)
+        url = urls[0] if urls else None
+        balance = u.get("balance", "affinity")
+        if balance not in BALANCES:
+            check.error(f"{ukey}.balance", f"{balance!r} is not a balance; choose one of "
+                                           f"{', '.join(BALANCES)}")
+        for replica_key in ("balance", "load_bound", "load_floor", "eject_s"):
+            if replica_key in u and not urls:
+                check.error(f"{ukey}.{replica_key}", "applies to replicas of an OpenAI-compatible "
+                                                     "upstream (url or urls), not to a managed one")
         for kind, known, required in (("bedrock", BEDROCK_KEYS, "model_id"),
                                       ("sagemaker", SAGEMAKER_KEYS, "endpoint")):
             if u.get(kind) is not None:
@@ -330,7 +376,15 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
                                 f"an endpoint can speak; choose one of {', '.join(SAGEMAKER_DIALECTS)}")
         weight = check.number(f"{ukey}.weight", u.get("weight", 1), integer=False, minimum=0)
         upstreams.append(Upstream(
-            name=uname, weight=float(weight or 0), url=url,
+            name=uname, weight=float(weight or 0), url=url, urls=tuple(urls),
+            balance=balance if balance in BALANCES else "affinity",
+            # c = 1 would be perfect balance: no session could ever keep its replica.
+            load_bound=check.number(f"{ukey}.load_bound", u.get("load_bound", DEFAULT_LOAD_BOUND),
+                                    integer=False, minimum=1.01) or DEFAULT_LOAD_BOUND,
+            load_floor=check.number(f"{ukey}.load_floor", u.get("load_floor", DEFAULT_LOAD_FLOOR),
+                                    integer=True, minimum=1) or DEFAULT_LOAD_FLOOR,
+            eject_s=check.number(f"{ukey}.eject_s", u.get("eject_s", DEFAULT_EJECT_S),
+                                 integer=False, minimum=0) or 0.0,
             model=check.string(f"{ukey}.model", u.get("model")),
             api_key_env=check.string(f"{ukey}.api_key_env", u.get("api_key_env")),
             bedrock=u.get("bedrock"), sagemaker=u.get("sagemaker"),
@@ -366,4 +420,41 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
                               integer=True, minimum=1)
     return Model(name=name, upstreams=tuple(upstreams), tenant_overrides=dict(overrides),
                  fallback=tuple(str(f) for f in fallback),
-                 default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS)
+                 default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
+                 priority=_priority(check, f"{key}.priority", value.get("priority")))
+
+
+def _urls(check: _Checker, ukey: str, u: dict) -> list[str]:
+    """``url`` as a list of one, or ``urls``: each an http(s) URL, none twice."""
+    if u.get("urls") is None:
+        url = check.string(f"{ukey}.url", u.get("url"))
+        if url and not re.match(r"^https?://", url):
+            check.error(f"{ukey}.url", f"{url!r} is not an http(s) URL")
+            return []
+        return [url] if url else []
+    urls = u["urls"]
+    if not isinstance(urls, list) or not urls:
+        check.error(f"{ukey}.urls", f"must be a list of the replicas' URLs "
+                                    f"([http://a:8080, http://b:8080]), got {urls!r}")
+        return []
+    out = []
+    for i, url in enumerate(urls):
+        if not isinstance(url, str) or not re.match(r"^https?://", url):
+            check.error(f"{ukey}.urls[{i}]", f"{url!r} is not an http(s) URL")
+        elif url.rstrip("/") in [o.rstrip("/") for o in out]:
+            check.error(f"{ukey}.urls[{i}]", f"{url!r} is listed twice: each replica once")
+        else:
+            out.append(url)
+    return out
+
+
+def _priority(check: _Checker, key: str, value) -> Priority:
+    value = check.mapping(key, value)
+    check.keys(key, value, PRIORITY_KEYS)
+    later = value.get("later_steps_first", False)
+    if not isinstance(later, bool):
+        check.error(f"{key}.later_steps_first", f"must be true or false, got {later!r}")
+        later = False
+    ttl = check.number(f"{key}.session_ttl_s", value.get("session_ttl_s", DEFAULT_SESSION_TTL_S),
+                       integer=False, minimum=1)
+    return Priority(later_steps_first=later, session_ttl_s=ttl or DEFAULT_SESSION_TTL_S)

@@ -16,6 +16,10 @@ METRIC_HELP = {
     "spectrum_gateway_request_seconds": ("summary", "Latency of requests an upstream answered, by tenant and upstream."),
     "spectrum_gateway_fallbacks_total": ("counter", "Requests sent to a fallback upstream, by model and the upstream that failed."),
     "spectrum_gateway_auth_failures_total": ("counter", "Requests refused before a tenant was known, by reason."),
+    "spectrum_gateway_replica_requests_total": ("counter", "Requests a replica answered, by model, upstream, replica and how it was chosen (affinity, spill, failover, least_in_flight, round_robin)."),
+    "spectrum_gateway_replica_in_flight": ("gauge", "Requests in flight to each replica, in this process."),
+    "spectrum_gateway_replica_ejected": ("gauge", "1 while this process skips a replica that refused, timed out or answered 5xx."),
+    "spectrum_gateway_streams_in_flight": ("gauge", "Streams being relayed by this process."),
 }
 
 
@@ -35,13 +39,14 @@ def sample(name: str, **labels) -> str:
 def ledger_entry(*, request_id: str, tenant: str, key_id: str, model: str | None,
                  upstream: str | None, fallback_from: list[str], input_tokens: int,
                  output_tokens: int, usage_source: str, status: int, latency_s: float,
-                 stream: bool, cost_usd: float) -> dict:
+                 stream: bool, cost_usd: float, replica: str | None = None,
+                 routing: str | None = None) -> dict:
     return {"ts_ms": int(time.time() * 1000), "request_id": request_id, "tenant": tenant,
             "key_id": key_id, "model": model, "upstream": upstream,
             "fallback_from": fallback_from, "input_tokens": input_tokens,
             "output_tokens": output_tokens, "usage_source": usage_source, "status": status,
             "latency_ms": round(latency_s * 1000, 2), "stream": stream,
-            "cost_usd": round(cost_usd, 8)}
+            "cost_usd": round(cost_usd, 8), "replica": replica, "routing": routing}
 
 
 @functools.lru_cache(maxsize=8192)
@@ -74,14 +79,18 @@ def increments(entry: dict) -> dict:
         out[count] = 1
     for failed in entry["fallback_from"]:
         out[sample("spectrum_gateway_fallbacks_total", model=model, upstream=failed)] = 1
+    if entry.get("replica"):
+        out[sample("spectrum_gateway_replica_requests_total", model=model, upstream=upstream,
+                   replica=entry["replica"], routing=entry["routing"])] = 1
     return out
 
 
 def render(counters: dict[str, float], gauges: dict[str, float]) -> str:
-    """Prometheus text exposition of the store's counters and this process's gauges."""
+    """Prometheus text exposition of the store's counters and this process's gauges (both
+    keyed by their sample, ``name{labels}``)."""
     lines = []
     by_name: dict[str, list] = {}
-    for field, value in counters.items():
+    for field, value in [*counters.items(), *gauges.items()]:
         name = field.split("{", 1)[0]
         base = name.rsplit("_", 1)[0]
         if METRIC_HELP.get(base, ("",))[0] == "summary":     # _sum and _count: one family
@@ -91,6 +100,4 @@ def render(counters: dict[str, float], gauges: dict[str, float]) -> str:
         kind, text = METRIC_HELP.get(name, ("counter", name))
         lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}"]
         lines += [f"{field} {_number(value)}" for field, value in sorted(by_name[name])]
-    for name, value in gauges.items():
-        lines += [f"# TYPE {name} gauge", f"{name} {_number(value)}"]
     return "\n".join(lines) + "\n"

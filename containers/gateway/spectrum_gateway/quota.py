@@ -21,8 +21,10 @@ from datetime import datetime, timezone
 from .config import TenantLimits
 
 WINDOW_MS = 60_000
-# A crashed worker's concurrency slots are freed when their lease ends.
-CONCURRENCY_LEASE_MS = 15 * 60_000
+# A concurrency slot in Redis is a lease: the worker holding it renews it while the request
+# runs (RedisStore's upkeep), so a worker that dies, or loses Redis for longer than the lease,
+# cannot hold its tenant's slots for ever. The config's concurrency_lease_s overrides this.
+CONCURRENCY_LEASE_MS = 30_000
 MICRO = 1_000_000   # budgets are counted in micro-dollars: integers, exact in Redis
 
 
@@ -246,24 +248,40 @@ return {reason, requests, used, oldest_reset(rq), oldest_reset(tq), retry, spent
 """
 
 # KEYS: token amounts hash, token total, in-flight zset, month's spend; ARGV: id, Δtokens, Δµ$
+# The corrections apply only while the request still holds its slot, so a settle sent twice
+# (retried after a reply lost to a dropped connection) corrects once. A slot whose lease ran
+# out keeps the reservation's worst case: the tenant is never under-counted.
 SETTLE_LUA = """
+if redis.call('ZREM', KEYS[3], ARGV[1]) == 0 then return 0 end
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 then
   redis.call('HINCRBY', KEYS[1], ARGV[1], ARGV[2])
   redis.call('INCRBY', KEYS[2], ARGV[2])
 end
-redis.call('ZREM', KEYS[3], ARGV[1])
 if tonumber(ARGV[3]) ~= 0 then redis.call('INCRBY', KEYS[4], ARGV[3]) end
 return 1
+"""
+
+# KEYS: in-flight zset; ARGV: lease ms, then the ids this worker still serves. XX: a slot
+# already settled (or expired) is not brought back.
+RENEW_LUA = """
+local t = redis.call('TIME')
+local until_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[1])
+local renewed = 0
+for i = 2, #ARGV do renewed = renewed + redis.call('ZADD', KEYS[1], 'XX', 'CH', until_ms, ARGV[i]) end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+return renewed
 """
 
 
 class RedisQuota:
     """The quota shared by every worker and replica, one Lua call per step."""
 
-    def __init__(self, redis, prefix: str = "spectrum") -> None:
-        self.redis, self.prefix = redis, prefix
+    def __init__(self, redis, prefix: str = "spectrum",
+                 lease_ms: int = CONCURRENCY_LEASE_MS) -> None:
+        self.redis, self.prefix, self.lease_ms = redis, prefix, int(lease_ms)
         self._reserve = redis.register_script(RESERVE_LUA)
         self._settle = redis.register_script(SETTLE_LUA)
+        self._renew = redis.register_script(RENEW_LUA)
 
     def _keys(self, tenant: str, month: str) -> list[str]:
         # One hash tag per tenant: a Redis Cluster keeps a tenant's keys on one shard.
@@ -278,7 +296,7 @@ class RedisQuota:
         reason, requests, used, rq_reset, tq_reset, retry, spent = await self._reserve(
             keys=self._keys(limits.name, month),
             args=[request_id, _limit(limits.rpm), _limit(limits.tpm), tokens,
-                  _limit(limits.max_concurrency), CONCURRENCY_LEASE_MS, budget,
+                  _limit(limits.max_concurrency), self.lease_ms, budget,
                   int(round(cost_usd * MICRO)), month_left])
         reason = reason.decode() if isinstance(reason, bytes) else reason
         return Decision(allowed=reason == "ok", reason=reason, limits=limits,
@@ -297,8 +315,13 @@ class RedisQuota:
                      int(tokens_delta), int(round(cost_delta_usd * MICRO)))
 
     async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
-                     cost_delta_usd: float) -> None:
-        month, _ = month_now()
-        keys = self._keys(limits.name, month)
-        await self._settle(keys=[keys[2], keys[3], keys[4], keys[5]],
-                           args=[request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))])
+                     cost_delta_usd: float) -> bool:
+        """Free the slot and correct the reservation; False if the slot was already gone."""
+        return bool(await self._settle(
+            keys=self._settle_keys(limits),
+            args=[request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]))
+
+    async def renew(self, tenant: str, request_ids: list[str]) -> int:
+        """Extend the leases of the slots ``request_ids`` hold; how many were still held."""
+        inflight = self._keys(tenant, month_now()[0])[4]
+        return int(await self._renew(keys=[inflight], args=[self.lease_ms, *request_ids]))

@@ -13,9 +13,12 @@ never into a request that passes unmetered; the client reconnects by itself once
 """
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import os
 import time
+from collections import OrderedDict, deque
 from pathlib import Path
 
 from .config import GatewayConfig, TenantLimits
@@ -26,6 +29,29 @@ PREFIX = "spectrum"
 KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
 KEY_CACHE_S = 0.5        # a Redis worker trusts a key record this long: revocations land within it
 POOL_CONNECTIONS = 16    # Redis connections per worker
+UPKEEP_TICK_S = 0.5      # a worker retries its unfinished settles this often while Redis is away
+LEDGER_TRIM_EVERY_S = 60  # each worker trims the ledger to its retention this often
+PENDING_MAX = 100_000    # settles kept for retry while Redis is away (the oldest dropped beyond)
+SESSIONS_MAX = 1_000_000  # sessions the memory store remembers (least recently seen dropped)
+log = logging.getLogger("spectrum_gateway")
+
+
+class Sessions:
+    """Each session's attained count (requests begun) in one process, forgotten ``ttl_s``
+    after its last request."""
+
+    def __init__(self) -> None:
+        self._seen: OrderedDict = OrderedDict()      # key → (count, expires), oldest first
+
+    def attained(self, key: str, ttl_s: float, now: float) -> int:
+        while self._seen and (next(iter(self._seen.values()))[1] <= now
+                              or len(self._seen) >= SESSIONS_MAX):
+            self._seen.popitem(last=False)
+        count, expires = self._seen.pop(key, (0, 0.0))
+        if expires <= now:
+            count = 0
+        self._seen[key] = (count + 1, now + ttl_s)
+        return count
 
 
 def open_store(config: GatewayConfig):
@@ -49,6 +75,7 @@ class MemoryStore:
         self.ledger_path = self.dir / "usage.jsonl"
         self.quota = MemoryQuota()
         self.counters: dict[str, float] = {}
+        self.sessions = Sessions()
         self._keys: dict = {}
         self._keys_mtime: float | None = None
         self._keys_checked = 0.0
@@ -107,6 +134,10 @@ class MemoryStore:
         for field, value in increments.items():
             self.counters[field] = self.counters.get(field, 0) + value
 
+    async def attained(self, tenant: str, session: str, ttl_s: float) -> int:
+        """Requests the session began before this one (and this one counted)."""
+        return self.sessions.attained(f"{tenant}\0{session}", ttl_s, time.monotonic())
+
     async def metric_counters(self) -> dict[str, float]:
         return dict(self.counters)
 
@@ -149,11 +180,16 @@ class RedisStore:
             socket_timeout=config.store_command_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0), health_check_interval=0)
         self.redis = aioredis.Redis(connection_pool=pool)
-        self.quota = RedisQuota(self.redis, PREFIX)
+        self.quota = RedisQuota(self.redis, PREFIX, int(config.concurrency_lease_s * 1000))
         self.keys_key = f"{PREFIX}:keys"
         self.ledger_key = f"{PREFIX}:ledger"
         self.metrics_key = f"{PREFIX}:metrics"
         self._key_cache: dict[str, tuple] = {}     # id → (record, when read)
+        # Slots this worker holds (request id → tenant), renewed while their requests run;
+        # and the settles Redis did not take, retried until it does (see upkeep).
+        self.held: dict[str, str] = {}
+        self.pending: deque = deque(maxlen=PENDING_MAX)
+        self._upkeep_task = None
 
     async def _call(self, coro):
         import redis.exceptions as rex
@@ -184,18 +220,42 @@ class RedisStore:
 
     async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
                       cost_usd: float) -> Decision:
-        return await self._call(self.quota.reserve(limits, request_id, tokens, cost_usd))
+        decision = await self._call(self.quota.reserve(limits, request_id, tokens, cost_usd))
+        if decision.allowed:
+            self.held[request_id] = limits.name
+        return decision
 
     async def finish(self, limits: TenantLimits | None, request_id: str, tokens_delta: int,
                      cost_delta_usd: float, entry: dict | None, increments: dict) -> None:
+        """Settle, append to the ledger, count. If Redis is away the settle is kept and
+        retried until it answers (so the slot is freed and the request metered then), and
+        StoreUnavailable raised; the slot's lease frees it anyway if this worker dies."""
+        self.held.pop(request_id, None)
+        try:
+            await self._finish(limits, request_id, tokens_delta, cost_delta_usd, entry, increments)
+        except StoreUnavailable:
+            if limits is not None:    # admitted, so it must be metered (a refusal need not)
+                self.pending.append((limits, request_id, tokens_delta, cost_delta_usd, entry,
+                                     increments))
+            raise
+
+    async def flush_pending(self) -> None:
+        """Settle what Redis did not take, oldest first; StoreUnavailable if it still won't."""
+        while self.pending:
+            await self._finish(*self.pending[0])
+            self.pending.popleft()
+
+    async def _finish(self, limits, request_id, tokens_delta, cost_delta_usd, entry,
+                      increments) -> None:
         async def run():
             import redis.exceptions as rex
             # One round trip: the settle script, the ledger entry, the counters.
             pipe = self.redis.pipeline(transaction=False)
             if limits is not None:
                 self.quota.settle_in(pipe, limits, request_id, tokens_delta, cost_delta_usd)
-            if entry is not None:
-                pipe.xadd(self.ledger_key, {"e": json.dumps(entry, separators=(",", ":"))})
+            if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
+                pipe.xadd(self.ledger_key, {"e": json.dumps(entry, separators=(",", ":"))},
+                          maxlen=self.config.ledger_max_entries, approximate=True)
             for field, value in increments.items():
                 pipe.hincrbyfloat(self.metrics_key, field, value)
             results = await pipe.execute(raise_on_error=False)
@@ -216,6 +276,18 @@ class RedisStore:
             await pipe.execute()
         await self._call(run())
 
+    async def attained(self, tenant: str, session: str, ttl_s: float) -> int:
+        """Requests the session began before this one (and this one counted), shared by
+        every worker and replica; the count expires ``ttl_s`` after the last request."""
+        key = f"{PREFIX}:session:{{{tenant}}}:{session}"
+
+        async def run():
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.incr(key)
+            pipe.pexpire(key, int(ttl_s * 1000))
+            return (await pipe.execute())[0] - 1
+        return await self._call(run())
+
     async def metric_counters(self) -> dict[str, float]:
         raw = await self._call(self.redis.hgetall(self.metrics_key))
         return {k.decode(): float(v) for k, v in raw.items()}
@@ -223,7 +295,44 @@ class RedisStore:
     async def ledger(self, since_ms: int | None = None) -> list[dict]:
         start = f"{since_ms}-0" if since_ms is not None else "-"
         rows = await self._call(self.redis.xrange(self.ledger_key, min=start, max="+"))
-        return [json.loads(fields[b"e"]) for _, fields in rows]
+        entries, seen = [], set()
+        for _, fields in rows:     # a settle retried after a lost reply may have written twice
+            entry = json.loads(fields[b"e"])
+            if entry.get("request_id") not in seen:
+                seen.add(entry.get("request_id"))
+                entries.append(entry)
+        return entries
+
+    async def trim_ledger(self) -> int:
+        """Drop ledger entries older than ``ledger_retention_days``; how many went."""
+        oldest_ms = int((time.time() - self.config.ledger_retention_days * 86400) * 1000)
+        return await self._call(self.redis.xtrim(self.ledger_key, minid=f"{oldest_ms}-0",
+                                                 approximate=False))
+
+    async def upkeep(self) -> None:
+        """Runs for the worker's life: retries settles Redis did not take, renews the leases
+        of the slots this worker holds, and trims the ledger by age."""
+        lease_s = self.config.concurrency_lease_s
+        renewed = trimmed = 0.0
+        while True:
+            await asyncio.sleep(UPKEEP_TICK_S)
+            now = time.monotonic()
+            try:
+                await self.flush_pending()
+                if self.held and now - renewed >= lease_s / 3:
+                    by_tenant: dict[str, list] = {}
+                    for request_id, tenant in list(self.held.items()):
+                        by_tenant.setdefault(tenant, []).append(request_id)
+                    for tenant, ids in by_tenant.items():
+                        await self._call(self.quota.renew(tenant, ids))
+                    renewed = now
+                if now - trimmed >= LEDGER_TRIM_EVERY_S:
+                    await self.trim_ledger()
+                    trimmed = now
+            except StoreUnavailable:
+                continue            # still away: the next tick tries again
+            except Exception:       # never let upkeep die: it frees slots
+                log.exception("store upkeep")
 
     async def ping(self) -> None:
         await self._call(self.redis.ping())
@@ -244,7 +353,18 @@ class RedisStore:
         finally:
             for connection in connections:
                 await pool.release(connection)
+        if self._upkeep_task is None:
+            self._upkeep_task = asyncio.ensure_future(self.upkeep())
 
     async def close(self) -> None:
+        if self._upkeep_task is not None:
+            self._upkeep_task.cancel()
+            self._upkeep_task = None
+        if self.pending:      # one last try, so a clean shutdown loses no entry
+            try:
+                await self.flush_pending()
+            except StoreUnavailable:
+                log.error("%d requests not metered: the store %s is unreachable at shutdown",
+                          len(self.pending), self.name)
         await self.redis.aclose()
         await self.redis.connection_pool.disconnect()

@@ -48,6 +48,7 @@ class HttpResponse:
         self._response = response
         self.status_code = response.status
         self.headers = response.headers
+        self.on_close = None         # called once when closed (a replica's in-flight count)
 
     async def _guard(self, awaitable):
         import aiohttp
@@ -74,6 +75,9 @@ class HttpResponse:
             self._response.release()          # read to its end: the connection is reused
         else:
             self._response.close()
+        on_close, self.on_close = self.on_close, None
+        if on_close is not None:
+            on_close()
 
 
 class OpenAIUpstreams:
@@ -96,30 +100,34 @@ class OpenAIUpstreams:
         return self._session
 
     @staticmethod
-    def url(upstream: Upstream, path: str) -> str:
-        base = upstream.url.rstrip("/")
+    def url(base: str, path: str) -> str:
+        base = base.rstrip("/")
         return base + (path if base.endswith("/v1") else "/v1" + path)
 
-    async def open(self, upstream: Upstream, path: str, body: dict) -> HttpResponse:
-        """POST ``body`` to ``upstream``; the response with its body unread (caller closes it)."""
+    async def open(self, upstream: Upstream, path: str, body: dict,
+                   replica: str | None = None, replica_url: str | None = None) -> HttpResponse:
+        """POST ``body`` to ``upstream`` (to ``replica_url``, one of its replicas, when given);
+        the response with its body unread (caller closes it). Failures name the replica."""
         import aiohttp
+        who = replica or upstream.name
+        url = self.url(replica_url or upstream.url, path)
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key_env and os.environ.get(upstream.api_key_env):
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
         data = json.dumps(body).encode()
         try:
             try:
-                raw = await self.session.post(self.url(upstream, path), data=data, headers=headers)
+                raw = await self.session.post(url, data=data, headers=headers)
             except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
                 if isinstance(e, aiohttp.ClientConnectorError):
                     raise
                 # A pooled keep-alive connection the upstream had closed as it was reused:
                 # nothing was answered on it, so once more, on another connection.
-                raw = await self.session.post(self.url(upstream, path), data=data, headers=headers)
+                raw = await self.session.post(url, data=data, headers=headers)
         except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise UpstreamFailure(upstream.name, "timeout", f"timed out ({type(e).__name__})")
+            raise UpstreamFailure(who, "timeout", f"timed out ({type(e).__name__})")
         except aiohttp.ClientError as e:
-            raise UpstreamFailure(upstream.name, "refused",
+            raise UpstreamFailure(who, "refused",
                                   f"unreachable ({type(e).__name__}: {e or 'connection failed'})")
         response = HttpResponse(raw)
         if response.status_code >= 500 or response.status_code == 429:
@@ -130,7 +138,7 @@ class OpenAIUpstreams:
             finally:
                 await response.aclose()
             what = "is over its own quota" if response.status_code == 429 else "failed"
-            raise UpstreamFailure(upstream.name, "status",
+            raise UpstreamFailure(who, "status",
                                   f"answered {response.status_code} ({what}): {text}",
                                   response.status_code)
         return response
