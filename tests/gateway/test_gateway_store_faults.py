@@ -1,0 +1,132 @@
+"""Redis faults in the middle of requests, with a real redis-server: a concurrency slot is
+never kept by a request whose end Redis missed, a dead worker's slots expire, and the usage
+ledger stays bounded."""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+import redis
+
+from gateway_harness import Gateway, RedisServer, gateway_config, wait_for
+from spectrum_gateway.config import config_from_dict
+from spectrum_gateway.store import RedisStore
+
+HI = [{"role": "user", "content": "hi"}]
+STREAM = {"model": "stream", "messages": HI, "max_tokens": 1}
+
+
+def post(gw, key, body=STREAM):
+    return httpx.post(gw.url + "/v1/chat/completions", json=body, timeout=30,
+                      headers={"Authorization": f"Bearer {key}"})
+
+
+def test_redis_killed_mid_stream_frees_the_slot_and_meters_once_it_is_back(
+        tmp_path, upstreams, dead_port, jwt_keys):
+    # Redis writes every command to its append-only file, so after SIGKILL and a restart it
+    # has its data back, the stream's concurrency slot included: the case that leaked.
+    store = RedisServer(tmp_path, "--appendonly", "yes", "--appendfsync", "always")
+    store.start()
+    config = gateway_config(store.url, upstreams, dead_port, jwt_keys["jwks_file"])
+    config["concurrency_lease_s"] = 600       # so only settling, not the lease, can free it
+    gw = Gateway(tmp_path, config).start()
+    try:
+        key = gw.create_key("conc1")          # max_concurrency: 1
+        upstreams.set("slowstream", interval_s=0.1)
+        stream = gw.client(key["key"]).chat.completions.create(
+            model="stream", messages=HI, max_tokens=20, stream=True)
+        chunks = iter(stream)
+        text = next(chunks).choices[0].delta.content
+        assert post(gw, key["key"]).status_code == 429        # the slot is held
+        store.kill()
+        text += "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == "".join(f"slowstream:{i} " for i in range(20))   # the client saw it all
+        assert post(gw, key["key"]).status_code == 503
+
+        store.start()
+        assert redis.Redis(port=store.port).hexists("spectrum:keys", key["id"])   # data kept
+        started = time.monotonic()
+        wait_for(lambda: post(gw, key["key"]).status_code == 200, 10,
+                 "the tenant's only slot to be free again")
+        assert time.monotonic() - started < 10
+        entries = json.loads(gw.admin("usage", "--tenant", "conc1", "--json").stdout)["entries"]
+        streamed = [e for e in entries if e["stream"]]
+        assert len(streamed) == 1 and streamed[0]["status"] == 200
+        assert streamed[0]["output_tokens"] == 20 and streamed[0]["usage_source"] == "upstream"
+        assert "not metered yet" in gw.log()
+    finally:
+        gw.stop()
+        store.stop()
+
+
+def test_a_dead_workers_slot_expires_while_a_live_one_keeps_renewing(
+        tmp_path, redis_server, upstreams, dead_port, jwt_keys):
+    config = gateway_config(redis_server.url, upstreams, dead_port, jwt_keys["jwks_file"])
+    config["concurrency_lease_s"] = 2
+    config["tenants"]["lease"] = {"max_concurrency": 1, "models": ["stream"]}
+    holder = Gateway(tmp_path, config).start()
+    other = Gateway(tmp_path, config)         # same config and secret, its own port
+    other.start()
+    try:
+        key = holder.create_key("lease")["key"]
+        upstreams.set("slowstream", interval_s=0.1)
+        stream = holder.client(key).chat.completions.create(
+            model="stream", messages=HI, max_tokens=100, stream=True)
+        next(iter(stream))
+        time.sleep(3)                          # past the 2 s lease: renewed, so still held
+        assert post(other, key).status_code == 429
+        os.killpg(holder.process.pid, signal.SIGKILL)     # dies without settling
+        holder.process.wait()
+        killed = time.monotonic()
+        wait_for(lambda: post(other, key).status_code == 200, 10, "the dead worker's slot to expire")
+        assert time.monotonic() - killed < 2 + 3     # the lease, and a busy machine's slack
+    finally:
+        holder.stop()
+        other.stop()
+
+
+def test_the_ledger_is_trimmed_by_count_and_by_age(tmp_path, redis_server):
+    db = redis_server.url.rsplit("/", 1)[0] + "/5"     # a database of its own
+    config = config_from_dict({
+        "store": db, "ledger_max_entries": 100, "ledger_retention_days": 30,
+        "models": {"m": {"upstreams": [{"name": "u", "url": "http://127.0.0.1:9"}]}}},
+        tmp_path / "gateway.yaml")
+    client = redis.Redis(port=redis_server.port, db=5)
+    client.delete("spectrum:ledger")
+    now_ms = int(time.time() * 1000)
+    old_ms = now_ms - 31 * 86400_000
+    for i in range(3):                        # entries from 31 days ago
+        client.xadd("spectrum:ledger", {"e": json.dumps({"request_id": f"old{i}"})},
+                    id=f"{old_ms + i}-0")
+
+    async def go():
+        store = RedisStore(config)
+        try:
+            assert await store.trim_ledger() == 3
+            for i in range(1000):
+                await store.finish(None, f"r{i}", 0, 0.0, {"request_id": f"r{i}", "ts_ms": 0}, {})
+            return await store.ledger()
+        finally:
+            await store.close()
+    entries = asyncio.run(go())
+    # ~ trims whole stream nodes (100 entries each by default): never far past the bound.
+    assert 100 <= client.xlen("spectrum:ledger") <= 200
+    assert entries[-1]["request_id"] == "r999" and not any(e["request_id"].startswith("old")
+                                                            for e in entries)
+
+
+@pytest.mark.parametrize("value, message", [
+    (10, "ledger_max_entries: must be a whole number >= 100"),
+    (0, "ledger_retention_days: must be a number >= 0.001"),
+    (0.5, "concurrency_lease_s: must be a number >= 1")])
+def test_bounds_are_checked(tmp_path, value, message):
+    from spectrum_gateway.config import ConfigError
+    key = message.split(":")[0]
+    with pytest.raises(ConfigError, match=message):
+        config_from_dict({key: value, "models": {"m": {"upstreams": [
+            {"name": "u", "url": "http://127.0.0.1:9"}]}}}, tmp_path / "gateway.yaml")
