@@ -55,6 +55,11 @@ def cluster_config(r: ResolvedSpec) -> dict[str, Any]:
         "cloudWatch": {"clusterLogging": {"enableTypes": ["api", "audit", "authenticator"]}},
         "managedNodeGroups": [system_group],
     }
+    if r.gateway:   # Redis's volume (the gateway's keys and ledger) is an EBS volume
+        doc["addons"].append({"name": "aws-ebs-csi-driver",
+                              "useDefaultPodIdentityAssociations": True})
+    if r.lora:
+        doc["iam"]["podIdentityAssociations"] = [adapter_reader_association(r)]
     if r.gpu_nodes == "karpenter":
         doc["karpenter"] = {"version": pinned("karpenter"), "createServiceAccount": True,
                             "withSpotInterruptionQueue": True}
@@ -73,6 +78,30 @@ def cluster_config(r: ResolvedSpec) -> dict[str, Any]:
             "taints": [dict(GPU_TAINT)],
         })
     return doc
+
+
+def adapter_read_policy(r: ResolvedSpec) -> dict[str, Any]:
+    """Read access to the adapters' S3 prefixes and nothing else."""
+    objects, listing = [], {}
+    for uri in r.adapter_prefixes().values():
+        bucket, _, prefix = uri[len("s3://"):].partition("/")
+        objects.append(f"arn:aws:s3:::{bucket}/{prefix}/*")
+        listing.setdefault(bucket, []).extend([prefix, f"{prefix}/*"])
+    statements: list[dict[str, Any]] = [
+        {"Effect": "Allow", "Action": ["s3:GetObject"], "Resource": sorted(set(objects))}]
+    statements += [{"Effect": "Allow", "Action": ["s3:ListBucket"],
+                    "Resource": [f"arn:aws:s3:::{bucket}"],
+                    "Condition": {"StringLike": {"s3:prefix": sorted(set(prefixes))}}}
+                   for bucket, prefixes in sorted(listing.items())]
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def adapter_reader_association(r: ResolvedSpec) -> dict[str, Any]:
+    """EKS Pod Identity for the pods that fetch adapters: the server's service account (its
+    init container), or the Ray GPU workers' (Ray Serve LLM downloads them)."""
+    return {"namespace": r.namespace, "serviceAccountName": r.name,
+            "createServiceAccount": False,      # the manifests create it
+            "permissionPolicy": adapter_read_policy(r)}
 
 
 def eksctl_create_command(config_path: str) -> list[str]:

@@ -19,6 +19,9 @@ KINDS: dict[str, tuple[str, str, bool]] = {
     "Namespace": ("v1", "namespaces", False), "ServiceAccount": ("v1", "serviceaccounts", True),
     "Secret": ("v1", "secrets", True), "Service": ("v1", "services", True),
     "Deployment": ("apps/v1", "deployments", True),
+    "StatefulSet": ("apps/v1", "statefulsets", True),
+    "ConfigMap": ("v1", "configmaps", True),
+    "StorageClass": ("storage.k8s.io/v1", "storageclasses", False),
     "PodDisruptionBudget": ("policy/v1", "poddisruptionbudgets", True),
     "NetworkPolicy": ("networking.k8s.io/v1", "networkpolicies", True),
     "HorizontalPodAutoscaler": ("autoscaling/v2", "horizontalpodautoscalers", True),
@@ -42,7 +45,7 @@ GROUP_PROVIDERS = {
     "monitoring.coreos.com": "kube-prometheus-stack (Helm chart)",
     "ray.io": "the KubeRay operator (Helm chart kuberay-operator)",
 }
-BUILTIN_GROUPS = {"", "apps", "policy", "autoscaling", "networking.k8s.io"}
+BUILTIN_GROUPS = {"", "apps", "policy", "autoscaling", "networking.k8s.io", "storage.k8s.io"}
 
 
 class ApplyFailed(RuntimeError):

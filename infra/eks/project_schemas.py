@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from infra.eks.spec import LORA_RANKS
+
 STRING = {"type": "string"}
 NAME = {"type": "string", "minLength": 1, "maxLength": 253,
         "pattern": r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$"}
@@ -75,6 +77,26 @@ HTTP_ROUTE = resource("gateway.networking.k8s.io/v1", "HTTPRoute", obj({
 RATE_LIMIT_VALUE = obj({"requests": {"type": "integer", "minimum": 1},
                         "unit": {"enum": ["Second", "Minute", "Hour", "Day", "Month", "Year"]}},
                        ("requests", "unit"))
+# Envoy Gateway's LoadBalancer (api/v1alpha1/loadbalancer_types.go), with its CEL unions
+# (consistentHash exactly when type is ConsistentHash; header exactly when its type is Header).
+CONSISTENT_HASH = {**obj({
+    "type": {"enum": ["SourceIP", "Header", "Cookie"]},
+    "header": obj({"name": {"type": "string", "minLength": 1}}, ("name",)),
+    "cookie": obj({"name": {"type": "string", "minLength": 1}, "ttl": DURATION,
+                   "attributes": LABELS}, ("name",)),
+    "tableSize": {"type": "integer", "minimum": 2, "maximum": 5000011},
+}, ("type",)), "allOf": [
+    {"if": {"properties": {"type": {"const": "Header"}}}, "then": {"required": ["header"]},
+     "else": {"not": {"required": ["header"]}}},
+    {"if": {"properties": {"type": {"const": "Cookie"}}}, "then": {"required": ["cookie"]},
+     "else": {"not": {"required": ["cookie"]}}}]}
+LOAD_BALANCER = {**obj({
+    "type": {"enum": ["ConsistentHash", "LeastRequest", "Random", "RoundRobin"]},
+    "consistentHash": CONSISTENT_HASH,
+    "slowStart": obj({"window": DURATION}, ("window",)),
+}, ("type",)), "allOf": [
+    {"if": {"properties": {"type": {"const": "ConsistentHash"}}},
+     "then": {"required": ["consistentHash"]}, "else": {"not": {"required": ["consistentHash"]}}}]}
 BACKEND_TRAFFIC_POLICY = resource("gateway.envoyproxy.io/v1alpha1", "BackendTrafficPolicy", obj({
     "targetRefs": array(obj({"group": {"const": "gateway.networking.k8s.io"},
                              "kind": {"enum": ["Gateway", "HTTPRoute", "GRPCRoute"]},
@@ -83,6 +105,7 @@ BACKEND_TRAFFIC_POLICY = resource("gateway.envoyproxy.io/v1alpha1", "BackendTraf
         "type": {"enum": ["Local", "Global"]},
         "local": obj({"rules": array(obj({"limit": RATE_LIMIT_VALUE}, ("limit",)), 1)}),
     }, ("type",)),
+    "loadBalancer": LOAD_BALANCER,
 }, ("targetRefs",)))
 
 SERVICE_MONITOR = resource("monitoring.coreos.com/v1", "ServiceMonitor", obj({
@@ -137,8 +160,18 @@ ENGINE_KWARGS = {"type": "object", "properties": {
     "max_model_len": {"type": "integer", "minimum": 16},
     "gpu_memory_utilization": {"type": "number", "exclusiveMinimum": 0, "maximum": 1},
     "max_num_seqs": POSITIVE_INT, "max_num_batched_tokens": POSITIVE_INT,
-    "enable_prefix_caching": {"type": "boolean"}, "dtype": STRING, "quantization": STRING},
+    "enable_prefix_caching": {"type": "boolean"}, "dtype": STRING, "quantization": STRING,
+    "enable_lora": {"type": "boolean"}, "max_loras": POSITIVE_INT, "max_cpu_loras": POSITIVE_INT,
+    "max_lora_rank": {"enum": list(LORA_RANKS)}},
     "additionalProperties": {"type": ["string", "integer", "number", "boolean"]}}
+# ray.serve.llm.LoraConfig: adapters load from <dynamic_lora_loading_path>/<adapter> on first use.
+LORA_CONFIG = obj({
+    "dynamic_lora_loading_path": {"type": ["string", "null"],
+                                  "pattern": r"^(s3|gs|abfss|azure)://[^/\s]+(/[^\s]*)?$"},
+    "max_num_adapters_per_replica": POSITIVE_INT,
+    "download_timeout_s": {"type": ["number", "null"], "exclusiveMinimum": 0},
+    "max_download_tries": POSITIVE_INT,
+})
 LLM_CONFIG = obj({
     "model_loading_config": obj({"model_id": {"type": "string", "minLength": 1},
                                  "model_source": {"type": ["string", "object"]}}, ("model_id",)),
@@ -148,7 +181,7 @@ LLM_CONFIG = obj({
                                   "H200", "T4", "V100", "B200"]},
     "deployment_config": LLM_DEPLOYMENT_CONFIG,
     "runtime_env": RUNTIME_ENV,
-    "lora_config": {"type": "object"},
+    "lora_config": LORA_CONFIG,
     "log_engine_metrics": {"type": "boolean"},
     "placement_group_config": {"type": "object"},
 }, ("model_loading_config",))

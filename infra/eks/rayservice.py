@@ -3,6 +3,11 @@
 
 Ray Serve autoscales the LLM replicas and KubeRay's autoscaler adds GPU worker pods for them,
 so this engine needs no HPA. ``SM_VLLM_*`` options become vLLM ``engine_kwargs``.
+
+Adapters (``--adapter``) use Ray Serve LLM's multiplexing: ``lora_config`` names the S3 folder
+the adapters sit in (``dynamic_lora_loading_path``; Ray loads ``<path>/<name>`` on the first
+request for ``<model>:<name>``) and how many one replica keeps (``max_num_adapters_per_replica``);
+Serve routes a request to a replica that already holds its adapter when one is free.
 """
 from __future__ import annotations
 
@@ -30,6 +35,11 @@ def engine_kwargs(r: ResolvedSpec) -> dict[str, Any]:
         kwargs["pipeline_parallel_size"] = r.pipeline_parallel_size
     if r.max_model_len:
         kwargs["max_model_len"] = r.max_model_len
+    if r.prefix_caching_setting is not None:
+        kwargs["enable_prefix_caching"] = r.prefix_caching_setting
+    if r.lora:
+        kwargs.update(enable_lora=True, max_loras=r.max_loras, max_lora_rank=r.max_lora_rank,
+                      max_cpu_loras=r.max_cpu_loras)
     for key, value in r.options:
         if key.startswith("SM_VLLM_"):
             kwargs[key[len("SM_VLLM_"):].lower()] = _engine_value(value)
@@ -48,6 +58,9 @@ def serve_config(r: ResolvedSpec) -> dict[str, Any]:
             "max_ongoing_requests": MAX_ONGOING_REQUESTS,
         },
     }
+    if r.lora:
+        llm_config["lora_config"] = {"dynamic_lora_loading_path": r.adapter_root,
+                                     "max_num_adapters_per_replica": r.max_cpu_loras}
     if env_vars:
         llm_config["runtime_env"] = {"env_vars": env_vars}
     return {"applications": [{"name": "llm", "route_prefix": "/",
@@ -114,6 +127,7 @@ def ray_service(r: ResolvedSpec) -> dict[str, Any]:
                                   "annotations": skip_annotations(RAY_POD_SKIPS)}, "spec": {
             "securityContext": _pod_security(),
             "automountServiceAccountToken": False,
+            **({"serviceAccountName": r.name} if r.lora else {}),   # S3 read: cluster.yaml
             "nodeSelector": {pool_key: pool_value},
             "tolerations": [gpu_toleration()],
             "terminationGracePeriodSeconds": r.max_request_s + 30,

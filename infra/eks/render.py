@@ -14,7 +14,8 @@ from typing import Any
 
 import yaml
 
-from infra.eks import autoscaling, cluster, edge, karpenter, monitoring, rayservice, workload
+from infra.eks import (autoscaling, cluster, edge, gateway, karpenter, monitoring, rayservice,
+                       workload)
 from infra.eks.spec import EksSpec, ResolvedSpec, pinned_versions, resolve
 
 
@@ -104,8 +105,13 @@ def render(spec: EksSpec | ResolvedSpec) -> Rendered:
                                   autoscaling.horizontal_pod_autoscaler(r)))
         helm_values["prometheus-adapter"] = autoscaling.prometheus_adapter_values(r)
     else:
+        if r.lora:   # the GPU workers' identity for reading the adapters from S3
+            manifests.append(Manifest("manifests/20-rayservice.yaml", workload.service_account(r)))
         manifests += [Manifest("manifests/20-rayservice.yaml", rayservice.ray_service(r)),
                       Manifest("manifests/20-rayservice.yaml", workload.network_policy(r))]
+    if r.gateway:
+        manifests += [Manifest("manifests/25-gateway.yaml", doc)
+                      for doc in gateway.gateway_documents(r)]
     manifests += [Manifest("manifests/40-edge.yaml", doc) for doc in edge.edge_documents(r)]
     manifests += [Manifest("manifests/50-monitoring.yaml", doc)
                   for doc in monitoring.monitoring_documents(r)]

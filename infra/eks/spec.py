@@ -33,6 +33,15 @@ LOCAL_IMAGE = "spectrum-byo-vllm:0.1.0"
 SERVER_PORT = 8080          # the SageMaker container contract the image follows
 HF_TOKEN_SECRET = "hf-token"
 HF_TOKEN_KEY = "token"
+# The gateway image containers/gateway builds locally; a cluster needs a registry URI.
+LOCAL_GATEWAY_IMAGE = "spectrum-gateway:0.1.0"
+# vLLM's --max-lora-rank choices (vllm 0.32 EngineArgs).
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+# An adapter's name: what clients send as "model" (the byo server's own rule, and no ':', which
+# Ray Serve LLM uses between the base model and the adapter).
+_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# s3://bucket/prefix with a bucket name S3 accepts and a prefix of safe characters.
+_S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>[A-Za-z0-9!_.*'()/=+-]+?)/?$")
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CLUSTER_NAME = re.compile(r"^[a-zA-Z][-a-zA-Z0-9]*$")
@@ -84,6 +93,16 @@ class EksSpec:
     startup_timeout_s: int = 1800          # model download + load (LMI's default loading timeout)
     body_size: str = "8m"                  # request body limit at the edge (classic: 8m)
     options: tuple[tuple[str, str], ...] = ()  # extra server env: OPTION_* / SM_VLLM_* / VLLM_*
+    # LoRA adapters: (name, s3://bucket/prefix) each, fetched at pod start (Deployment) or by Ray
+    # Serve LLM on first use (RayService). Slots default from the adapter count.
+    adapters: tuple[tuple[str, str], ...] = ()
+    max_loras: int | None = None           # adapters in one batch (GPU slots)
+    max_lora_rank: int = 16
+    max_cpu_loras: int | None = None       # adapters cached in host memory per replica
+    prefix_caching: bool = True            # vLLM's automatic prefix caching (agent programs)
+    gateway: bool = False                  # containers/gateway + Redis in front of the servers
+    gateway_image: str = LOCAL_GATEWAY_IMAGE
+    gateway_replicas: int = 2
     kubernetes_version: str = field(default_factory=lambda: pinned("kubernetes"))
 
 
@@ -164,6 +183,31 @@ class ResolvedSpec:
                 "app.kubernetes.io/component": "server"}
 
     @property
+    def prefix_caching_setting(self) -> bool | None:
+        """vLLM's enable_prefix_caching as rendered: on by default, off when asked; left to vLLM
+        (None) for a pooling model, where vLLM turns it on only if the pooling supports it."""
+        runner = dict(self.spec.options).get("SM_VLLM_RUNNER", "").strip().lower()
+        if self.spec.prefix_caching and runner == "pooling":
+            return None
+        return self.spec.prefix_caching
+
+    @property
+    def lora(self) -> bool:
+        return bool(self.spec.adapters)
+
+    def adapter_prefixes(self) -> dict[str, str]:
+        """Adapter name -> its s3://bucket/prefix, without a trailing slash."""
+        return {name: uri.rstrip("/") for name, uri in self.spec.adapters}
+
+    @property
+    def adapter_root(self) -> str | None:
+        """The s3:// prefix every adapter sits directly under (Ray Serve LLM loads
+        ``<root>/<name>``), or None when they do not share one."""
+        parents = {uri.rsplit("/", 1)[0] for uri in self.adapter_prefixes().values()}
+        ok = all(uri.rsplit("/", 1)[1] == name for name, uri in self.adapter_prefixes().items())
+        return parents.pop() if ok and len(parents) == 1 else None
+
+    @property
     def pool_label(self) -> tuple[str, str]:
         """The node label GPU nodes carry (NodePool template or node group), and pods select."""
         return ("spectrum.io/gpu-pool", self.spec.name)
@@ -180,23 +224,26 @@ def _check_choice(problems: list[str], flag: str, value: str, choices: tuple[str
         problems.append(f"{flag} {value!r} is not one of {', '.join(choices)}")
 
 
-def _check_image(problems: list[str], image: str) -> None:
+def _check_image(problems: list[str], image: str, flag: str = "--image") -> None:
+    if flag != "--image" and (not image or not image.strip()):
+        problems.append(f"{flag} is empty: give the registry URI of the image, pinned by tag or digest")
+        return
     if not image or not image.strip():
         problems.append("image is missing: give --image, the registry URI of the byo-vllm image "
                         "(e.g. 123456789012.dkr.ecr.us-east-1.amazonaws.com/spectrum-byo-vllm:0.1.0; "
                         "level 5 builds and pushes it)")
         return
     if any(c.isspace() for c in image):
-        problems.append(f"image {image!r} contains whitespace")
+        problems.append(f"{flag} {image!r} contains whitespace")
         return
     last = image.rsplit("/", 1)[-1]
     if "@sha256:" in image:
         return
     if ":" not in last:
-        problems.append(f"image {image!r} has no tag: pin a tag or a digest (repo:1.2.3 or "
+        problems.append(f"{flag} {image!r} has no tag: pin a tag or a digest (repo:1.2.3 or "
                         "repo@sha256:...), or replicas may run different builds")
     elif last.rsplit(":", 1)[1] == "latest":
-        problems.append(f"image {image!r} uses the rolling tag 'latest': pin a version tag or a digest")
+        problems.append(f"{flag} {image!r} uses the rolling tag 'latest': pin a version tag or a digest")
 
 
 def _gpu_instances(table) -> list:
@@ -338,6 +385,8 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
                             "SM_VLLM_* or VLLM_* names (e.g. SM_VLLM_GPU_MEMORY_UTILIZATION=0.9)")
         elif key in _RESERVED_ENV:
             problems.append(f"--option {key} is set from its own flag; use that flag instead")
+    _check_adapters(problems, spec)
+    _check_gateway(problems, spec)
     if not re.match(r"^1\.\d+$", spec.kubernetes_version or ""):
         problems.append(f"Kubernetes version {spec.kubernetes_version!r} must look like 1.34")
     if problems:
@@ -359,7 +408,89 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if spec.capacity_type == "spot":
         warnings.append("spot GPU nodes can be reclaimed with 2 minutes' notice: keep "
                         "--min-replicas >= 2 for a service that must stay up")
+    if spec.gateway and spec.engine == "deployment" and spec.gateway_replicas < 2:
+        warnings.append("--gateway-replicas 1: every request passes the gateway, so one replica "
+                        "is a single point of failure; keep 2 or more")
+    max_loras = spec.max_loras or (min(len(spec.adapters), 4) if spec.adapters else None)
+    max_cpu_loras = spec.max_cpu_loras or (max(len(spec.adapters), max_loras)
+                                           if spec.adapters else None)
     resolved_spec = replace(spec, instance_type=inst.name, gpu_type=inst.gpu_type,
                             gpus_per_replica=gpus, tensor_parallel_size=tp,
-                            rate_limit_burst=spec.rate_limit_burst or 5 * spec.rate_limit_rps)
+                            rate_limit_burst=spec.rate_limit_burst or 5 * spec.rate_limit_rps,
+                            max_loras=max_loras, max_cpu_loras=max_cpu_loras)
     return ResolvedSpec(resolved_spec, inst, tuple(warnings))
+
+
+def parse_adapter(text: str) -> tuple[str, str]:
+    """``NAME=s3://bucket/prefix`` -> (name, uri); BadInput naming the value otherwise."""
+    name, sep, uri = (text or "").partition("=")
+    if not sep or not name.strip() or not uri.strip():
+        raise BadInput(f"--adapter {text!r} must look like NAME=s3://bucket/prefix, e.g. "
+                       "--adapter support=s3://my-bucket/adapters/support")
+    return name.strip(), uri.strip()
+
+
+def _check_adapters(problems: list[str], spec: EksSpec) -> None:
+    """Adapter names and sources, and the LoRA sizes they need."""
+    seen: set[str] = set()
+    for name, uri in spec.adapters:
+        if not _ADAPTER_NAME.match(name):
+            problems.append(f"--adapter {name}={uri}: the name {name!r} is what clients send as "
+                            "'model': letters, digits, '.', '_' and '-', starting with a letter or "
+                            "digit, at most 128 characters")
+        elif name in seen:
+            problems.append(f"--adapter {name} is given twice: each adapter needs its own name")
+        elif name in (spec.model, spec.model.rsplit("/", 1)[-1]):
+            problems.append(f"--adapter {name} is named as the base model {spec.model!r}: requests "
+                            "for it would be ambiguous; choose another name")
+        seen.add(name)
+        if not _S3_PREFIX.match(uri):
+            problems.append(f"--adapter {name}={uri}: {uri!r} is not an s3://bucket/prefix (a "
+                            "valid bucket name, then the folder holding adapter_config.json and "
+                            "adapter_model.safetensors), e.g. s3://my-bucket/adapters/" + name)
+    if spec.adapters and spec.engine == "rayservice" and not problems:
+        parents = {uri.rstrip("/").rsplit("/", 1)[0] for _, uri in spec.adapters}
+        misnamed = [f"{n}={u}" for n, u in spec.adapters if u.rstrip("/").rsplit("/", 1)[1] != n]
+        if len(parents) > 1 or misnamed:
+            problems.append(
+                "--engine rayservice loads every adapter from one S3 folder, as "
+                "<dynamic_lora_loading_path>/<name>: put each adapter in a folder named as the "
+                "adapter under one common prefix (e.g. s3://bucket/adapters/a1 and "
+                "s3://bucket/adapters/a2); got " + ", ".join(
+                    misnamed or [f"{n}={u}" for n, u in spec.adapters]))
+    if spec.max_lora_rank not in LORA_RANKS:
+        problems.append(f"--max-lora-rank {spec.max_lora_rank!r} must be one of "
+                        f"{', '.join(map(str, LORA_RANKS))} (vLLM's choices), at least the "
+                        "largest adapter's rank r")
+    for flag, value in (("--max-loras", spec.max_loras), ("--max-cpu-loras", spec.max_cpu_loras)):
+        if value is not None and (not isinstance(value, int) or isinstance(value, bool)
+                                  or not 1 <= value <= 256):
+            problems.append(f"{flag} {value!r} must be a whole number between 1 and 256")
+        elif value is not None and not spec.adapters:
+            problems.append(f"{flag} {value} needs at least one --adapter NAME=s3://bucket/prefix "
+                            "(without adapters LoRA stays off)")
+    if (isinstance(spec.max_loras, int) and isinstance(spec.max_cpu_loras, int)
+            and spec.max_cpu_loras < spec.max_loras):
+        problems.append(f"--max-cpu-loras {spec.max_cpu_loras} is below --max-loras "
+                        f"{spec.max_loras}: every adapter in a batch is also cached in host memory "
+                        f"(vLLM refuses it); raise --max-cpu-loras to at least {spec.max_loras}")
+    for key, _value in spec.options:
+        if spec.adapters and key in ("SM_VLLM_ENABLE_LORA", "SM_VLLM_MAX_LORAS",
+                                     "SM_VLLM_MAX_LORA_RANK", "SM_VLLM_MAX_CPU_LORAS",
+                                     "OPTION_ENABLE_LORA", "OPTION_MAX_LORAS",
+                                     "OPTION_MAX_CPU_LORAS"):
+            problems.append(f"--option {key} fights the LoRA settings --adapter renders: use "
+                            "--max-loras, --max-cpu-loras and --max-lora-rank instead")
+        if key in ("SM_VLLM_ENABLE_PREFIX_CACHING", "OPTION_ENABLE_PREFIX_CACHING"):
+            problems.append(f"--option {key} is set from its own flag: prefix caching is on by "
+                            "default; --no-prefix-caching turns it off")
+
+
+def _check_gateway(problems: list[str], spec: EksSpec) -> None:
+    if not spec.gateway:
+        return
+    _check_image(problems, spec.gateway_image, "--gateway-image")
+    if (not isinstance(spec.gateway_replicas, int) or isinstance(spec.gateway_replicas, bool)
+            or not 1 <= spec.gateway_replicas <= 100):
+        problems.append(f"--gateway-replicas {spec.gateway_replicas!r} must be a whole number "
+                        "between 1 and 100")

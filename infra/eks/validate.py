@@ -412,6 +412,13 @@ def check_serve_configs(docs: Documents) -> Check:
                 if workers and not any(g >= need for g, _ in workers):
                     problems.append(f"{at}: a replica needs {need} GPUs (tensor x pipeline "
                                     f"parallel) but worker pods have {max(g for g, _ in workers)}")
+                lora = llm.get("lora_config")
+                if lora is not None and kwargs.get("enable_lora") is not True:
+                    problems.append(f"{at}: lora_config needs engine_kwargs.enable_lora: true "
+                                    "(vLLM serves no adapter otherwise)")
+                if lora is not None and not (lora or {}).get("dynamic_lora_loading_path"):
+                    problems.append(f"{at}.lora_config: dynamic_lora_loading_path is missing: "
+                                    "the folder Ray Serve loads <path>/<adapter> from")
                 scaling = (llm.get("deployment_config") or {}).get("autoscaling_config") or {}
                 lo, hi = scaling.get("min_replicas"), scaling.get("max_replicas")
                 if isinstance(lo, int) and isinstance(hi, int) and lo > hi:

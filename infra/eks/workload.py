@@ -8,13 +8,20 @@ options; the hub token comes only from a Secret through a ``secretKeyRef``.
 from __future__ import annotations
 
 import math
+import shlex
 from typing import Any
 
-from infra.eks.spec import HF_TOKEN_KEY, HF_TOKEN_SECRET, SERVER_PORT, ResolvedSpec, pinned_versions
+from infra.eks.spec import (HF_TOKEN_KEY, HF_TOKEN_SECRET, SERVER_PORT, ResolvedSpec, pinned,
+                            pinned_versions)
 
 CACHE_DIR = "/cache"
+# LoRA adapters, copied from S3 by the init container and registered by the server at start.
+ADAPTERS_DIR = "/adapters"
+# The adapter files the server loads; nothing else (a pickled .bin) is copied.
+ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 RUN_AS_USER = 10001
 PROBE_PERIOD_S = 10
+RAY_SERVE_PORT = 8000       # Ray Serve's HTTP proxy, behind the Service KubeRay makes
 
 
 def namespace(r: ResolvedSpec) -> dict[str, Any]:
@@ -30,6 +37,8 @@ def namespace(r: ResolvedSpec) -> dict[str, Any]:
 
 
 def service_account(r: ResolvedSpec) -> dict[str, Any]:
+    # With adapters, cluster.yaml's pod identity association gives this account read access to
+    # their S3 prefixes (and nothing else).
     return {"apiVersion": "v1", "kind": "ServiceAccount",
             "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
             "automountServiceAccountToken": False}
@@ -51,6 +60,17 @@ def server_env(r: ResolvedSpec) -> list[dict[str, Any]]:
         env.append({"name": "SM_VLLM_PIPELINE_PARALLEL_SIZE", "value": str(r.pipeline_parallel_size)})
     if r.max_model_len:
         env.append({"name": "SM_VLLM_MAX_MODEL_LEN", "value": str(r.max_model_len)})
+    # Agent programs resend a growing prefix: keep its KV cache (off with --no-prefix-caching).
+    if r.prefix_caching_setting is not None:
+        env.append({"name": "SM_VLLM_ENABLE_PREFIX_CACHING",
+                    "value": "true" if r.prefix_caching_setting else "false"})
+    if r.lora:
+        env += [{"name": "SM_VLLM_ENABLE_LORA", "value": "true"},
+                {"name": "SM_VLLM_MAX_LORAS", "value": str(r.max_loras)},
+                {"name": "SM_VLLM_MAX_LORA_RANK", "value": str(r.max_lora_rank)},
+                {"name": "SM_VLLM_MAX_CPU_LORAS", "value": str(r.max_cpu_loras)},
+                # The server registers each <name>/ found here, as vLLM's --lora-modules would.
+                {"name": "SPECTRUM_SERVER_ADAPTERS_DIR", "value": ADAPTERS_DIR}]
     env += [{"name": key, "value": value} for key, value in r.options]
     # The root filesystem is read-only: every cache goes to the writable cache volume.
     env += [{"name": "HOME", "value": f"{CACHE_DIR}/home"},
@@ -67,6 +87,18 @@ def restricted_container_security() -> dict[str, Any]:
     return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True,
             "runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
             "capabilities": {"drop": ["ALL"]}, "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def spread(selector: dict[str, str]) -> list[dict[str, Any]]:
+    """Replicas over nodes and zones where possible (never left Pending for it)."""
+    return [{"maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "ScheduleAnyway",
+             "labelSelector": {"matchLabels": selector}}
+            for key in ("kubernetes.io/hostname", "topology.kubernetes.io/zone")]
+
+
+def pod_security() -> dict[str, Any]:
+    return {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_USER,
+            "fsGroup": RUN_AS_USER, "seccompProfile": {"type": "RuntimeDefault"}}
 
 
 def gpu_resources(r: ResolvedSpec) -> dict[str, Any]:
@@ -89,7 +121,42 @@ def checkov_skips(r: ResolvedSpec) -> dict[str, str]:
     if "@sha256:" not in r.image:
         skips["CKV_K8S_43"] = ("the image is pinned by a version tag (latest is refused); "
                                "pass --image repo@sha256:... to pin a digest")
+    elif r.lora:
+        skips["CKV_K8S_43"] = ("the adapter init container's AWS CLI image is pinned by a release "
+                               "tag (infra/eks/data/versions.json)")
     return skips
+
+
+def adapter_fetch_script(r: ResolvedSpec) -> str:
+    """Copy each adapter's config and safetensors from S3 into ADAPTERS_DIR/<name>; stop
+    with a message naming the adapter when its folder holds no adapter_config.json."""
+    lines = ["set -eu"]
+    include = " ".join(f"--include {f}" for f in ADAPTER_FILES)
+    for name, uri in r.adapter_prefixes().items():
+        dest = f"{ADAPTERS_DIR}/{name}"
+        lines.append(f"aws s3 sync --only-show-errors --exclude '*' {include} "
+                     f"{shlex.quote(uri + '/')} {shlex.quote(dest)}")
+        lines.append(f"test -f {shlex.quote(dest + '/' + ADAPTER_FILES[0])} || "
+                     f"{{ echo {shlex.quote(f'adapter {name}: no {ADAPTER_FILES[0]} under {uri}/')} >&2; exit 1; }}")
+    lines.append(f"echo 'adapters ready: {' '.join(r.adapter_prefixes())}'")
+    return "\n".join(lines) + "\n"
+
+
+def adapter_fetch_container(r: ResolvedSpec) -> dict[str, Any]:
+    """The init container: AWS CLI with the pod's identity (EKS Pod Identity, see cluster.yaml)."""
+    return {
+        "name": "fetch-adapters",
+        "image": pinned("aws_cli_image"),
+        "imagePullPolicy": "Always",
+        "command": ["/bin/sh", "-c", adapter_fetch_script(r)],
+        "env": [{"name": "HOME", "value": "/tmp/home"},
+                {"name": "AWS_DEFAULT_REGION", "value": r.region}],
+        "resources": {"requests": {"cpu": "250m", "memory": "256Mi"},
+                      "limits": {"cpu": "1", "memory": "512Mi"}},
+        "securityContext": restricted_container_security(),
+        "volumeMounts": [{"name": "adapters", "mountPath": ADAPTERS_DIR},
+                         {"name": "tmp", "mountPath": "/tmp"}],
+    }
 
 
 def skip_annotations(skips: dict[str, str]) -> dict[str, str]:
@@ -127,19 +194,12 @@ def deployment(r: ResolvedSpec) -> dict[str, Any]:
     pod_spec = {
         "serviceAccountName": r.name,
         "automountServiceAccountToken": False,
-        "securityContext": {"runAsNonRoot": True, "runAsUser": RUN_AS_USER,
-                            "runAsGroup": RUN_AS_USER, "fsGroup": RUN_AS_USER,
-                            "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": pod_security(),
         # Longer than the longest request plus the preStop pause, so none is cut off.
         "terminationGracePeriodSeconds": r.max_request_s + 30,
         "nodeSelector": {pool_key: pool_value},
         "tolerations": [gpu_toleration()],
-        "topologySpreadConstraints": [
-            {"maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
-             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": r.selector()}},
-            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
-             "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": r.selector()}},
-        ],
+        "topologySpreadConstraints": spread(r.selector()),
         "containers": [container],
         "volumes": [
             {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_gib}Gi"}},
@@ -147,6 +207,11 @@ def deployment(r: ResolvedSpec) -> dict[str, Any]:
             {"name": "tmp", "emptyDir": {"sizeLimit": "10Gi"}},
         ],
     }
+    if r.lora:
+        pod_spec["initContainers"] = [adapter_fetch_container(r)]
+        pod_spec["volumes"].append({"name": "adapters", "emptyDir": {"sizeLimit": "20Gi"}})
+        container["volumeMounts"].append({"name": "adapters", "mountPath": ADAPTERS_DIR,
+                                          "readOnly": True})
     return {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels(),
@@ -183,17 +248,39 @@ def _chart_namespace(chart: str) -> str:
     return next(c["namespace"] for c in pinned_versions()["charts"] if c["name"] == chart)
 
 
-def network_policy(r: ResolvedSpec) -> dict[str, Any]:
-    """Only the edge proxy and Prometheus reach the servers; they reach DNS and HTTPS (hub)."""
-    edge_ns = _chart_namespace("envoy-gateway" if r.edge == "gateway" else "ingress-nginx")
-    from_ns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": ns}}}
-               for ns in (edge_ns, _chart_namespace("kube-prometheus-stack"))]
+def model_service(r: ResolvedSpec) -> tuple[str, int]:
+    """The Service the model answers on: ours, or the one KubeRay makes for Serve."""
+    if r.engine == "rayservice":
+        return f"{r.name}-serve-svc", RAY_SERVE_PORT
+    return r.name, SERVER_PORT
+
+
+def server_pods(r: ResolvedSpec) -> dict[str, str]:
+    """The labels of the pods that run the model: the server's, or every Ray pod's."""
     component = "server" if r.engine == "deployment" else "ray"
-    pods = {"app.kubernetes.io/name": r.name, "app.kubernetes.io/component": component}
+    return {"app.kubernetes.io/name": r.name, "app.kubernetes.io/component": component}
+
+
+def namespace_peer(chart: str) -> dict[str, Any]:
+    return {"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": _chart_namespace(chart)}}}
+
+
+def edge_chart(r: ResolvedSpec) -> str:
+    return "envoy-gateway" if r.edge == "gateway" else "ingress-nginx"
+
+
+def network_policy(r: ResolvedSpec) -> dict[str, Any]:
+    """Only the edge proxy (or, with --gateway, only the gateway) and Prometheus reach the
+    servers; they reach DNS and HTTPS (hub, S3)."""
+    pods = server_pods(r)
+    front = ({"podSelector": {"matchLabels": {"app.kubernetes.io/name": r.name,
+                                              "app.kubernetes.io/component": "gateway"}}}
+             if r.gateway else namespace_peer(edge_chart(r)))
+    from_peers = [front, namespace_peer("kube-prometheus-stack")]
     if r.engine == "rayservice":   # the operator reaches the head's dashboard to deploy Serve
-        from_ns.append({"namespaceSelector": {"matchLabels": {
-            "kubernetes.io/metadata.name": _chart_namespace("kuberay-operator")}}})
-    ingress: list[dict[str, Any]] = [{"from": from_ns}]
+        from_peers.append(namespace_peer("kuberay-operator"))
+    ingress: list[dict[str, Any]] = [{"from": from_peers}]
     if r.engine == "rayservice":   # Ray's head and workers talk to each other on many ports
         ingress.append({"from": [{"podSelector": {"matchLabels": pods}}]})
     return {

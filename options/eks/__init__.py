@@ -75,6 +75,38 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="GPU node capacity (default on-demand)")
     g.add_argument("--out", metavar="DIR",
                    help="folder for the rendered files (default ./out/eks-<name>)")
+    _add_once(g, "--adapter", action="append", default=[], metavar="NAME=s3://BUCKET/PREFIX",
+              help="a LoRA adapter (peft files) to serve on the base model, repeatable; clients "
+                   "send NAME as the model. The pods fetch it at start (an init container with "
+                   "the pod's identity), e.g. --adapter support=s3://my-bucket/adapters/support")
+    g.add_argument("--max-loras", type=int, metavar="N",
+                   help="adapters in one batch per replica (default: the adapter count, at most 4)")
+    g.add_argument("--max-lora-rank", type=int, metavar="R",
+                   help="largest adapter rank r (default 16; one of 1, 8, 16, 32, 64, ...)")
+    g.add_argument("--max-cpu-loras", type=int, metavar="N",
+                   help="adapters each replica keeps in host memory (default: all of them)")
+    g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
+                   default=True, help="turn off vLLM's automatic prefix caching (on by default: "
+                                      "agent programs resend a growing prefix)")
+    _add_once(g, "--gateway", action="store_true",
+              help="put the API gateway (containers/gateway) with Redis in front of the servers: "
+                   "keys, tenants, quotas, metered usage; only the gateway reaches the servers")
+    g.add_argument("--gateway-image", metavar="URI",
+                   help="registry URI of the gateway image, pinned by tag or digest (default: "
+                        "the local build tag spectrum-gateway:0.1.0)")
+    g.add_argument("--gateway-replicas", type=int, metavar="N",
+                   help="gateway pods (default 2), e.g. 3")
+
+
+def _add_once(group: argparse._ArgumentGroup, flag: str, **kwargs) -> None:
+    """Adds a flag unless the CLI's shared flags already define it (other rungs take --adapter
+    and --gateway too; level 6 reads the same dest)."""
+    if flag not in group._option_string_actions:
+        group.add_argument(flag, **kwargs)
+
+
+def _as_list(value) -> list[str]:
+    return [value] if isinstance(value, str) else list(value or [])
 
 
 def _options(pairs: list[str]) -> tuple[tuple[str, str], ...]:
@@ -89,7 +121,7 @@ def _options(pairs: list[str]) -> tuple[tuple[str, str], ...]:
 
 
 def spec_from_args(args: argparse.Namespace) -> Level6Spec:
-    from infra.eks.spec import DEFAULT_MODEL, LOCAL_IMAGE, EksSpec
+    from infra.eks.spec import DEFAULT_MODEL, LOCAL_GATEWAY_IMAGE, LOCAL_IMAGE, EksSpec, parse_adapter
 
     notes = []
     if getattr(args, "instance_count", 1) not in (None, 1):
@@ -105,6 +137,12 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         image = LOCAL_IMAGE
         notes.append(f"no --image: rendered with the local build tag {LOCAL_IMAGE}; a cluster "
                      "needs a registry URI (level 5 pushes the image to ECR)")
+    if getattr(args, "gateway", False) and not args.gateway_image:
+        if args.target == "aws":
+            raise BadInput("--gateway on --target aws needs --gateway-image URI: the registry URI "
+                           "of the containers/gateway image, pinned by tag or digest")
+        notes.append(f"no --gateway-image: rendered with the local build tag {LOCAL_GATEWAY_IMAGE}; "
+                     "a cluster needs a registry URI")
     region = args.region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") \
         or "us-east-1"
     given = {
@@ -118,6 +156,11 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "namespace": args.namespace, "region": region, "cluster_name": args.cluster_name,
         "engine": args.engine, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
         "edge": args.edge, "options": _options(args.option),
+        "adapters": tuple(parse_adapter(a) for a in _as_list(getattr(args, "adapter", None))),
+        "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
+        "max_cpu_loras": args.max_cpu_loras, "prefix_caching": args.prefix_caching,
+        "gateway": bool(getattr(args, "gateway", False)),
+        "gateway_image": args.gateway_image, "gateway_replicas": args.gateway_replicas,
     }
     if args.instance_type is None and args.gpu_type is None:
         given.pop("instance_type")
@@ -372,7 +415,7 @@ def apply(p: Plan, target) -> Deployment:
         eks_cluster = eks_api.describe_cluster(eks, r.cluster_name)
         _install_charts(p, target)
         api = _kube_for(target, r.cluster_name, eks_cluster)
-        docs = rendered.documents() + _token_secret(r)
+        docs = rendered.documents() + _token_secret(r) + _gateway_secret(api, r)
         _say(f"applying {len(docs)} manifests to {api.host}:")
         result = apply_manifests(api, docs, _say, wait=target.kind == "aws",
                                  timeout_s=r.startup_timeout_s + 900)
@@ -403,6 +446,27 @@ def _token_secret(r) -> list[dict[str, Any]]:
     return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
              "metadata": {"name": HF_TOKEN_SECRET, "namespace": r.namespace},
              "stringData": {HF_TOKEN_KEY: token}}]
+
+
+# The gateway reads its API-key HMAC secret from this variable too (containers/gateway).
+GATEWAY_SECRET_ENV = "SPECTRUM_GATEWAY_SECRET"
+
+
+def _gateway_secret(api, r) -> list[dict[str, Any]]:
+    """The gateway's HMAC secret, when the cluster lacks it: $SPECTRUM_GATEWAY_SECRET, else 32
+    random bytes. An existing one is kept: a new secret would invalidate every API key."""
+    import secrets
+
+    from infra.eks.gateway import SECRET_KEY, names
+
+    if not r.gateway:
+        return []
+    doc = {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+           "metadata": {"name": names(r)["secret"], "namespace": r.namespace}}
+    if api.get(doc) is not None:
+        return []
+    value = os.environ.get(GATEWAY_SECRET_ENV) or secrets.token_hex(32)
+    return [{**doc, "stringData": {SECRET_KEY: value}}]
 
 
 def _install_charts(p: Plan, target) -> None:

@@ -144,7 +144,8 @@ def test_rayservice_uses_build_openai_app_with_the_same_settings():
     assert app["import_path"] == "ray.serve.llm:build_openai_app"
     llm = app["args"]["llm_configs"][0]
     assert llm["engine_kwargs"] == {"tensor_parallel_size": 2, "pipeline_parallel_size": 2,
-                                    "max_model_len": 8192, "gpu_memory_utilization": 0.9}
+                                    "max_model_len": 8192, "gpu_memory_utilization": 0.9,
+                                    "enable_prefix_caching": True}
     assert llm["accelerator_type"] == "L40S"
     assert llm["deployment_config"]["autoscaling_config"]["max_replicas"] == 6
     assert "HorizontalPodAutoscaler" not in docs_by_kind(rendered)
