@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from options.sagemaker import plan as sm
+from options.sagemaker import components, plan as sm
 from options.core import BadInput, mask_secrets
 from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -35,6 +35,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                             "--image-uri 123456789012.dkr.ecr.us-east-1.amazonaws.com/spectrum-byo-vllm:0.1.0")
     group.add_argument("--image-tag", default=_project_version(), metavar="TAG",
                        help=f"tag to build and push (default {_project_version()}), e.g. --image-tag dev")
+    group.add_argument("--multi-model", metavar="S3_PREFIX",
+                       help="a CPU multi-model endpoint (Mode MultiModel) over the model archives "
+                            "under this S3 prefix; --adapter NAME picks TargetModel NAME.tar.gz there. "
+                            "CPU instances only: GPU multi-model endpoints need AWS's Triton image, so "
+                            "on GPUs use --adapter NAME=s3://... (inference components). "
+                            "e.g. --multi-model s3://my-bucket/models/ --instance-type ml.m6i.xlarge")
     sm.add_endpoint_arguments(group)
 
 
@@ -95,9 +101,19 @@ def spec_from_args(args: argparse.Namespace) -> ByoImageSpec:
     source = sm.model_source(args.model, cloud=cloud)
     env = server_env(args.option)
     if not cloud:
+        components.refuse_locally(args)
         return ByoImageSpec(args.name or "local", source, env)
-    basics = sm.endpoint_basics(args, LEVEL, source.hub_id or str(source.path), DEFAULT_INSTANCE)
-    gpus = sm.instance_info(basics["instance_type"]).gpus
+    basics = sm.endpoint_basics(args, LEVEL, source.hub_id or str(source.path), DEFAULT_INSTANCE,
+                                serves_adapters=True)
+    instance = sm.instance_info(basics["instance_type"])
+    gpus = instance.gpus
+    many = components.endpoint_fields(args, basics["name"], instance)
+    if many.get("components") and many["components"].adapters or many.get("multi_model_prefix"):
+        env.setdefault("SM_VLLM_ENABLE_LORA", "true")   # adapters reach vLLM as LoRA
+    if many.get("multi_model_prefix") and source.path:
+        raise BadInput(f"--model {str(source.path)!r} with --multi-model: a multi-model container "
+                       f"reads only the archives under {many['multi_model_prefix']}, so the base "
+                       f"model comes from a hub id (HF_MODEL_ID), e.g. --model {sm.CLOUD_DEFAULT_MODEL}")
     pre: list[Step] = []
     if args.image_uri:
         image = args.image_uri
@@ -116,7 +132,7 @@ def spec_from_args(args: argparse.Namespace) -> ByoImageSpec:
     endpoint = sm.EndpointSpec(level=LEVEL, image_uri=image, environment=env,
                                model_data_source=data_source,
                                startup_health_check_timeout_s=startup_timeout_s(
-                                   weights / 1024 ** 3 if weights else None), **basics)
+                                   weights / 1024 ** 3 if weights else None), **basics, **many)
     return ByoImageSpec(basics["name"], source, env, endpoint, pre)
 
 
@@ -126,8 +142,7 @@ def plan(spec: ByoImageSpec) -> Plan:
     if any(s.service == "docker" for s in spec.pre_steps):
         notes.append("the image is built here and pushed when a Docker daemon runs; otherwise the "
                      "commands are printed and --image-uri continues from an image you pushed")
-    return Plan(LEVEL, spec.pre_steps + sm.endpoint_steps(e),
-                cost=sm.cost_line(e.instance_type, e.instance_count), notes=notes)
+    return sm.endpoint_plan(LEVEL, spec.pre_steps, e, notes)
 
 
 @contextmanager

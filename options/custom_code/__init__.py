@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from options.sagemaker import plan as sm
+from options.sagemaker import components, plan as sm
 from options.core import is_secret_name
 from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -81,12 +81,17 @@ def spec_from_args(args: argparse.Namespace) -> CustomCodeSpec:
     properties, secrets = split_options(args.option)
     serving_properties(properties)  # validates the options before anything is built
     if not cloud:
+        components.refuse_locally(args)
         return CustomCodeSpec(args.name or "local", source, properties, secrets)
     if args.status or args.down:  # only the name matters: don't build an archive to delete things
         return CustomCodeSpec(sm.validate_name(args.name or sm.default_name(LEVEL, str(source.path or "tiny-model"))),
                               source, properties, secrets)
 
-    basics = sm.endpoint_basics(args, LEVEL, str(source.path or "tiny-model"), DEFAULT_INSTANCE)
+    basics = sm.endpoint_basics(args, LEVEL, str(source.path or "tiny-model"), DEFAULT_INSTANCE,
+                                serves_adapters=True)
+    many = components.endpoint_fields(args, basics["name"], sm.instance_info(basics["instance_type"]))
+    if many.get("components") and many["components"].adapters:
+        properties.setdefault("enable_lora", "true")   # LMI hands adapter components to the engine
     work = package_dir() / basics["name"]
     work.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix="model-", dir=work))
@@ -102,7 +107,7 @@ def spec_from_args(args: argparse.Namespace) -> CustomCodeSpec:
     endpoint = sm.EndpointSpec(level=LEVEL, image_uri=image_uri(basics["region"], args.lmi_version),
                                environment=dict(secrets), model_data_url=f"s3://{bucket}/{key}",
                                startup_health_check_timeout_s=startup_timeout_s(size_gib),
-                               model_data_download_timeout_s=startup_timeout_s(size_gib), **basics)
+                               model_data_download_timeout_s=startup_timeout_s(size_gib), **basics, **many)
     return CustomCodeSpec(basics["name"], source, properties, secrets, endpoint, pre, tarball)
 
 
@@ -112,9 +117,8 @@ def plan(spec: CustomCodeSpec) -> Plan:
     e = spec.endpoint
     notes = [f"model: {spec.source.label}, packaged with model.py as {spec.tarball} "
              f"({spec.tarball.stat().st_size / 1e6:.1f} MB)"]
-    return Plan(LEVEL, spec.pre_steps + sm.endpoint_steps(e),
-                cost=sm.cost_line(e.instance_type, e.instance_count), notes=notes,
-                extra={"serving_properties": serving_properties(spec.properties)})
+    return sm.endpoint_plan(LEVEL, spec.pre_steps, e, notes,
+                            extra={"serving_properties": serving_properties(spec.properties)})
 
 
 @contextmanager

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from options.sagemaker import plan as sm
+from options.sagemaker import components, plan as sm
 from options.core import BadInput, mask_secrets
 from options.plan import Plan
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -91,10 +91,12 @@ def spec_from_args(args: argparse.Namespace) -> LmiSpec:
     source = sm.model_source(args.model, cloud=cloud)
     options, plain = parse_options(args.option)
     if not cloud:
+        components.refuse_locally(args)
         return LmiSpec(args.name or "local", sm.region_of(args), source,
                        LmiConfig("<local folder>", options, plain), cloud=False)
 
-    basics = sm.endpoint_basics(args, LEVEL, source.hub_id or str(source.path), DEFAULT_INSTANCE)
+    basics = sm.endpoint_basics(args, LEVEL, source.hub_id or str(source.path), DEFAULT_INSTANCE,
+                                serves_adapters=True)
     config = LmiConfig(source.hub_id or "/opt/ml/model", options, plain)
     shape = model_shape(source.hub_id or "", source.path,
                         {"parameters": args.param_count, "num_attention_heads": args.attention_heads,
@@ -108,11 +110,18 @@ def spec_from_args(args: argparse.Namespace) -> LmiSpec:
     if source.path:
         upload, data_source = sm.upload_model_folder(basics["name"], basics["region"], source.path)
     timeout = startup_timeout_s(report.weights_gib)
+    scaling = autoscaling_from_args(args)
+    many = components.endpoint_fields(args, basics["name"], instance,
+                                      accelerators_per_copy=report.tensor_parallel, scaling=scaling)
+    if many.get("components") and many["components"].adapters:
+        # LMI loads adapter components only with LoRA on. Not sized by the adapter count, so
+        # adding an adapter later keeps the model and the base component as they are.
+        config.options.setdefault("enable_lora", "true")
     endpoint = sm.EndpointSpec(
         level=LEVEL, image_uri=image_uri(basics["region"], args.lmi_version),
         environment=config.env(), model_data_source=data_source,
         startup_health_check_timeout_s=timeout, model_data_download_timeout_s=timeout,
-        autoscaling=autoscaling_from_args(args), **basics)
+        autoscaling=scaling, **basics, **many)
     return LmiSpec(basics["name"], basics["region"], source, config, True, endpoint, upload, shape, report)
 
 
@@ -131,8 +140,8 @@ def plan(spec: LmiSpec) -> Plan:
     notes.append(f"container start-up health check: {e.startup_health_check_timeout_s} s (sized from the weights)")
     if e.role_arn == sm.DEFAULT_ROLE_ARN:
         notes.append("execution role: the default name; give --role-arn if yours differs")
-    return Plan(LEVEL, spec.upload + sm.endpoint_steps(e), cost=sm.cost_line(e.instance_type, e.instance_count),
-                notes=notes, extra={"serving_properties": spec.config.serving_properties()})
+    return sm.endpoint_plan(LEVEL, spec.upload, e, notes,
+                            extra={"serving_properties": spec.config.serving_properties()})
 
 
 @contextmanager

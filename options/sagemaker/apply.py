@@ -95,9 +95,10 @@ def _exists(clients: _Clients, step: Step) -> bool:
                     f"{found['EndpointConfigName']}, and this run's configuration differs "
                     f"({p['EndpointConfigName']}). Remove it first (--down) or choose another --name.")
             if found["EndpointStatus"] == "Failed":
-                raise DeployFailed(f"endpoint {p['EndpointName']} exists from an earlier run and is "
-                                   f"Failed ({found.get('FailureReason', 'no reason given')}): "
-                                   f"remove it with --down, then run again")
+                raise _failed_earlier(f"endpoint {p['EndpointName']}", found)
+        elif step.operation == "CreateInferenceComponent":
+            _component_matches(sm().describe_inference_component(
+                InferenceComponentName=p["InferenceComponentName"]), p)
         elif step.operation == "CreateBucket":
             clients("s3").head_bucket(Bucket=p["Bucket"])
         elif step.operation == "PutObject":
@@ -132,26 +133,84 @@ def _exists(clients: _Clients, step: Step) -> bool:
         raise
 
 
+def _component_matches(found: dict, params: dict) -> None:
+    """An existing component is kept only when it is what this run would create."""
+    name = params["InferenceComponentName"]
+    want, have = params["Specification"], found.get("Specification", {})
+    for key, label in (("BaseInferenceComponentName", "base component"), ("ModelName", "model")):
+        if want.get(key) and have.get(key) != want[key]:
+            raise DeployFailed(f"inference component {name} already exists with {label} "
+                               f"{have.get(key)}, and this run's is {want[key]}. Remove it first "
+                               f"(--down) or choose another --name.")
+    url = want.get("Container", {}).get("ArtifactUrl")
+    if url and have.get("Container", {}).get("ArtifactUrl") != url:
+        raise DeployFailed(f"adapter component {name} already exists with artifacts "
+                           f"{have.get('Container', {}).get('ArtifactUrl')}, and this run's are {url}: "
+                           f"give the new adapter another name, or remove the old one (--down)")
+    if found["InferenceComponentStatus"] == "Failed":
+        raise _failed_earlier(f"inference component {name}", found)
+
+
+def _failed_earlier(label: str, found: dict) -> DeployFailed:
+    return DeployFailed(f"{label} exists from an earlier run and is Failed "
+                        f"({found.get('FailureReason', 'no reason given')}): remove it with --down, "
+                        f"then run again")
+
+
 def wait_in_service(sagemaker, endpoint_name: str, progress: Progress, poll_s: float,
                     timeout_s: float) -> float:
     """Poll DescribeEndpoint until InService; Failed raises with its FailureReason."""
+    return _wait_until_in_service(lambda: sagemaker.describe_endpoint(EndpointName=endpoint_name),
+                                  "EndpointStatus", f"endpoint {endpoint_name}", progress, poll_s,
+                                  timeout_s)
+
+
+def wait_component_in_service(sagemaker, name: str, progress: Progress, poll_s: float,
+                              timeout_s: float) -> float:
+    """Poll DescribeInferenceComponent until InService; Failed raises with its FailureReason."""
+    return _wait_until_in_service(lambda: sagemaker.describe_inference_component(InferenceComponentName=name),
+                                  "InferenceComponentStatus", f"inference component {name}", progress,
+                                  poll_s, timeout_s)
+
+
+def _wait_until_in_service(describe: Callable[[], dict], status_key: str, label: str,
+                           progress: Progress, poll_s: float, timeout_s: float) -> float:
     start = time.monotonic()
     last = None
     while True:
-        found = sagemaker.describe_endpoint(EndpointName=endpoint_name)
-        status = found["EndpointStatus"]
+        found = describe()
+        status = found[status_key]
         elapsed = time.monotonic() - start
         if status != last or elapsed >= 60 and int(elapsed) % 60 < poll_s:
-            progress(f"  endpoint {endpoint_name}: {status} ({elapsed:.0f} s)")
+            progress(f"  {label}: {status} ({elapsed:.0f} s)")
             last = status
         if status == "InService":
             return elapsed
-        if status in ("Failed", "OutOfService", "RollingBack"):
-            raise DeployFailed(f"endpoint {endpoint_name} is {status}: "
+        if status in ("Failed", "OutOfService", "RollingBack", "Deleting"):
+            raise DeployFailed(f"{label} is {status}: "
                                f"{found.get('FailureReason', 'SageMaker gave no FailureReason')}")
         if elapsed > timeout_s:
-            raise DeployFailed(f"endpoint {endpoint_name} still {status} after {elapsed:.0f} s "
+            raise DeployFailed(f"{label} still {status} after {elapsed:.0f} s "
                                f"(limit {timeout_s:.0f} s)")
+        time.sleep(poll_s)
+
+
+def _wait_component_deleted(sagemaker, name: str, poll_s: float, timeout_s: float = 1800) -> None:
+    """SageMaker deletes a component asynchronously; the base and the endpoint wait for it."""
+    start = time.monotonic()
+    while True:
+        try:
+            found = sagemaker.describe_inference_component(InferenceComponentName=name)
+        except Exception as exc:
+            if _error_code(exc) == "ValidationException":  # "Could not find inference component"
+                return
+            raise
+        if found["InferenceComponentStatus"] == "Failed":
+            raise DeployFailed(f"inference component {name} failed while being deleted: "
+                               f"{found.get('FailureReason', 'no reason given')}")
+        if time.monotonic() - start > timeout_s:
+            raise DeployFailed(f"inference component {name} still {found['InferenceComponentStatus']} "
+                               f"after {timeout_s:.0f} s of deleting")
         time.sleep(poll_s)
 
 
@@ -188,6 +247,8 @@ def apply_plan(plan: Plan, target, progress: Progress = say, *, poll_s: float | 
     poll_s = poll_s if poll_s is not None else (15.0 if target.kind == "aws" else 0.2)
     done: list[Step] = []
     deployment = Deployment(plan.level, endpoint_name_of(plan), target, rung(plan.level).can.dialect)
+    if plan.extra.get("routing"):   # which component / TargetModel each invocation names
+        deployment.extra["routing"] = dict(plan.extra["routing"])
     start = time.monotonic()
     try:
         for step in steps:
@@ -206,6 +267,9 @@ def apply_plan(plan: Plan, target, progress: Progress = say, *, poll_s: float | 
             if step.operation == "CreateEndpoint":
                 wait_in_service(clients("sagemaker"), step.params["EndpointName"], progress,
                                 poll_s, timeout_s)
+            elif step.operation == "CreateInferenceComponent":  # adapters need their base InService
+                wait_component_in_service(clients("sagemaker"), step.params["InferenceComponentName"],
+                                          progress, poll_s, timeout_s)
     except BaseException as exc:
         cause = exc if isinstance(exc, DeployFailed) else DeployFailed(_describe_error(exc))
         progress(f"! {cause}")
@@ -238,6 +302,8 @@ def _rollback(clients: _Clients, done: list[Step], progress: Progress, poll_s: f
             send(clients, step.undo)
             if step.undo.operation == "DeleteEndpoint":
                 _wait_deleted(clients("sagemaker"), step.params["EndpointName"], poll_s)
+            elif step.undo.operation == "DeleteInferenceComponent":
+                _wait_component_deleted(clients("sagemaker"), step.params["InferenceComponentName"], poll_s)
             progress(f"- {step.undo.operation} {main_param(step.undo)}")
         except Exception as exc:  # keep going: remove as much as possible, say what is left
             progress(f"  could not {step.undo.operation} {main_param(step.undo)}: "
@@ -290,17 +356,73 @@ def status(endpoint_name: str, target) -> dict[str, Any]:
         out["failure_reason"] = found["FailureReason"]
     try:
         config = sm.describe_endpoint_config(EndpointConfigName=found["EndpointConfigName"])
-        out["variants"] = [{"model": v["ModelName"], "instance_type": v.get("InstanceType"),
+        out["variants"] = [{"model": v.get("ModelName"), "instance_type": v.get("InstanceType"),
                             "initial_instance_count": v.get("InitialInstanceCount")}
                            for v in config["ProductionVariants"]]
     except Exception:
-        out["variants"] = []
+        config, out["variants"] = None, []
+    if config and holds_components(config):
+        out["components"] = [{"name": c["InferenceComponentName"], "status": c["InferenceComponentStatus"],
+                              **_component_detail(sm, c["InferenceComponentName"])}
+                             for c in list_components(sm, endpoint_name)]
     scaling = target.client("application-autoscaling").describe_scalable_targets(
         ServiceNamespace="sagemaker", ResourceIds=[scaling_resource_id(endpoint_name)])
     if scaling["ScalableTargets"]:
         t = scaling["ScalableTargets"][0]
         out["autoscaling"] = {"min": t["MinCapacity"], "max": t["MaxCapacity"]}
     return out
+
+
+def holds_components(config: dict) -> bool:
+    """An endpoint config whose variants name no model serves inference components."""
+    return any("ModelName" not in v for v in config["ProductionVariants"])
+
+
+def _config_holds_components(sm, config_name: str) -> bool:
+    try:
+        return holds_components(sm.describe_endpoint_config(EndpointConfigName=config_name))
+    except Exception as exc:   # the config went first (by hand): the components go with the endpoint
+        if _error_code(exc) != "ValidationException":
+            raise
+        return False
+
+
+def list_components(sm, endpoint_name: str) -> list[dict]:
+    """ListInferenceComponents for one endpoint, every page."""
+    found, kw = [], {"EndpointNameEquals": endpoint_name}
+    while True:
+        page = sm.list_inference_components(**kw)
+        found += page["InferenceComponents"]
+        if not page.get("NextToken"):
+            return found
+        kw["NextToken"] = page["NextToken"]
+
+
+def _component_detail(sm, name: str) -> dict[str, Any]:
+    spec = sm.describe_inference_component(InferenceComponentName=name).get("Specification", {})
+    if spec.get("BaseInferenceComponentName"):
+        return {"adapter_of": spec["BaseInferenceComponentName"],
+                "artifacts": spec.get("Container", {}).get("ArtifactUrl")}
+    return {"model": spec.get("ModelName")}
+
+
+def _down_components(sm, endpoint_name: str, progress: Progress, poll_s: float) -> list[str]:
+    """Adapter components first (SageMaker refuses to delete a base that still carries
+    adapters), each deletion waited for, then the base components."""
+    found = list_components(sm, endpoint_name)
+    adapters, bases = [], []
+    for c in found:
+        name = c["InferenceComponentName"]
+        (adapters if "adapter_of" in _component_detail(sm, name) else bases).append(name)
+    removed = []
+    for name in adapters + bases:
+        if any(c["InferenceComponentName"] == name and c["InferenceComponentStatus"] != "Deleting"
+               for c in found):
+            sm.delete_inference_component(InferenceComponentName=name)
+        _wait_component_deleted(sm, name, poll_s)
+        removed.append(f"inference component {name}")
+        progress(f"- inference component {name}")
+    return removed
 
 
 def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | None = None) -> list[str]:
@@ -328,6 +450,8 @@ def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | N
         found = sm.describe_endpoint(EndpointName=endpoint_name)
         config_names.add(found["EndpointConfigName"])
         _wait_settled(sm, endpoint_name, poll_s)
+        if _config_holds_components(sm, found["EndpointConfigName"]):
+            removed += _down_components(sm, endpoint_name, progress, poll_s)
         sm.delete_endpoint(EndpointName=endpoint_name)
         _wait_deleted(sm, endpoint_name, poll_s)
         removed.append(f"endpoint {endpoint_name}")
@@ -354,7 +478,7 @@ def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | N
     for name in sorted(config_names):
         try:
             config = sm.describe_endpoint_config(EndpointConfigName=name)
-            model_names.update(v["ModelName"] for v in config["ProductionVariants"])
+            model_names.update(v["ModelName"] for v in config["ProductionVariants"] if "ModelName" in v)
         except Exception as exc:
             if _error_code(exc) != "ValidationException":
                 raise
@@ -373,6 +497,13 @@ def invoke(deployment: Deployment, request) -> Any:
     from options import contract
 
     runtime = deployment.target.client("sagemaker-runtime")
+    routing = deployment.extra.get("routing")
+    if routing:
+        # Which inference component (or multi-model TargetModel) the call addresses is SageMaker
+        # routing, not dialect: added to whichever runtime operation contract.py sends, before
+        # botocore validates it against the service model.
+        runtime.meta.events.register("before-parameter-build.sagemaker-runtime.*",
+                                     lambda params, **_: params.update(routing))
     return contract.invoke_sagemaker(runtime, deployment.endpoint_name, request, deployment.dialect)
 
 

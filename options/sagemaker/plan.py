@@ -54,6 +54,12 @@ class EndpointSpec:
     volume_size_gb: int | None = None
     autoscaling: Autoscaling | None = None
     enable_network_isolation: bool = False
+    # Many models on one endpoint (options.sagemaker.components): inference components, or a
+    # CPU multi-model container over an S3 prefix with {name: TargetModel}.
+    components: Any = None                         # components.InferenceComponents
+    multi_model_prefix: str | None = None
+    multi_model_targets: dict[str, str] | None = None
+    multi_model_invoke: str | None = None
 
 
 def validate_name(name: str) -> str:
@@ -156,6 +162,9 @@ def add_endpoint_arguments(group) -> None:
                             "(default: $SAGEMAKER_ROLE_ARN, else "
                             "arn:aws:iam::<your account>:role/SageMakerExecutionRole), e.g. "
                             "--role-arn arn:aws:iam::123456789012:role/MySageMakerRole")
+    from options.sagemaker.components import ADAPTER_FLAG_HELP
+    group.add_argument("--adapter", action="append", default=[], metavar="NAME=S3URL",
+                       help=ADAPTER_FLAG_HELP + " (levels 3–5)")
 
 
 def is_cloud_run(args) -> bool:
@@ -167,8 +176,14 @@ def region_of(args) -> str:
         or "us-east-1"
 
 
-def endpoint_basics(args, level: int, model_label: str, default_instance: str) -> dict[str, Any]:
-    """name, region, instance type (checked against the catalogue), count and role from the flags."""
+def endpoint_basics(args, level: int, model_label: str, default_instance: str, *,
+                    serves_adapters: bool = False) -> dict[str, Any]:
+    """name, region, instance type (checked against the catalogue), count and role from the flags.
+    A rung whose endpoint can't carry adapter components (``serves_adapters``) refuses --adapter."""
+    if getattr(args, "adapter", None) and not serves_adapters:
+        raise BadInput(f"--adapter {args.adapter[0]!r}: level {level} deploys one fixed model per "
+                       f"endpoint; adapters run as inference components at levels 3, 4 and 5, "
+                       f"e.g. python -m options.deploy --level 3 --plan --adapter {args.adapter[0]}")
     instance_type = ml_instance(args.instance_type or default_instance)
     instance_info(instance_type)  # unknown names exit 2, naming the closest known ones
     if args.instance_count < 1:
@@ -181,48 +196,112 @@ def endpoint_basics(args, level: int, model_label: str, default_instance: str) -
 # ----------------------------------------------------------------------------------- plan
 
 def endpoint_steps(spec: EndpointSpec) -> list[Step]:
-    """CreateModel → CreateEndpointConfig → CreateEndpoint (→ autoscaling), each with its undo."""
+    """CreateModel → CreateEndpointConfig → CreateEndpoint (→ autoscaling), each with its undo;
+    with inference components, the config names no model and the components follow."""
     container: dict[str, Any] = {"Image": spec.image_uri, "Environment": dict(spec.environment)}
-    if spec.model_data_url:
+    if spec.multi_model_prefix:
+        container["Mode"] = "MultiModel"
+        container["ModelDataUrl"] = spec.multi_model_prefix
+    elif spec.model_data_url:
         container["ModelDataUrl"] = spec.model_data_url
     if spec.model_data_source:
         container["ModelDataSource"] = spec.model_data_source
     model_name = f"{spec.name}-{_digest(container)}"
+    tags = [{"Key": "spectrum:level", "Value": str(spec.level)},
+            {"Key": "spectrum:endpoint", "Value": spec.name}]
     model_params: dict[str, Any] = {"ModelName": model_name, "PrimaryContainer": container,
-                                    "ExecutionRoleArn": spec.role_arn,
-                                    "Tags": [{"Key": "spectrum:level", "Value": str(spec.level)},
-                                             {"Key": "spectrum:endpoint", "Value": spec.name}]}
+                                    "ExecutionRoleArn": spec.role_arn, "Tags": tags}
     if spec.enable_network_isolation:
         model_params["EnableNetworkIsolation"] = True
 
-    variant: dict[str, Any] = {"VariantName": VARIANT, "ModelName": model_name,
-                               "InstanceType": ml_instance(spec.instance_type),
+    ic = spec.components
+    variant: dict[str, Any] = {"VariantName": VARIANT, "InstanceType": ml_instance(spec.instance_type),
                                "InitialInstanceCount": spec.instance_count}
+    startup: dict[str, int] = {}
     if spec.startup_health_check_timeout_s:
-        variant["ContainerStartupHealthCheckTimeoutInSeconds"] = spec.startup_health_check_timeout_s
+        startup["ContainerStartupHealthCheckTimeoutInSeconds"] = spec.startup_health_check_timeout_s
     if spec.model_data_download_timeout_s:
-        variant["ModelDataDownloadTimeoutInSeconds"] = spec.model_data_download_timeout_s
+        startup["ModelDataDownloadTimeoutInSeconds"] = spec.model_data_download_timeout_s
+    config_params: dict[str, Any] = {"ProductionVariants": [variant]}
+    if ic is None:
+        variant["ModelName"] = model_name
+        variant.update(startup)   # with components, start-up limits belong to each component
+    else:
+        from options.sagemaker.components import ROUTING_STRATEGY
+        variant["ManagedInstanceScaling"] = {"Status": "ENABLED", "MinInstanceCount": ic.min_instances,
+                                             "MaxInstanceCount": ic.max_instances}
+        variant["RoutingConfig"] = {"RoutingStrategy": ROUTING_STRATEGY}
+        config_params["ExecutionRoleArn"] = spec.role_arn   # no model on the variant to carry it
     if spec.volume_size_gb:
         variant["VolumeSizeInGB"] = spec.volume_size_gb
-    config_name = f"{spec.name}-{_digest(variant)}"
+    # Without components the name digests the variant alone, as it always has: same config, same name.
+    config_name = f"{spec.name}-{_digest(variant if ic is None else config_params)}"
+    config_params = {"EndpointConfigName": config_name, **config_params}
 
     steps = [
         Step("sagemaker", "CreateModel", model_params,
              undo=Step("sagemaker", "DeleteModel", {"ModelName": model_name}),
-             description=f"model {model_name}: the image, its environment and artifacts"),
-        Step("sagemaker", "CreateEndpointConfig",
-             {"EndpointConfigName": config_name, "ProductionVariants": [variant]},
+             description=f"model {model_name}: the image, its environment and artifacts"
+                         + (" (multi-model)" if spec.multi_model_prefix else "")),
+        Step("sagemaker", "CreateEndpointConfig", config_params,
              undo=Step("sagemaker", "DeleteEndpointConfig", {"EndpointConfigName": config_name}),
              description=f"endpoint config {config_name}: {spec.instance_count} × "
-                         f"{ml_instance(spec.instance_type)}"),
+                         f"{ml_instance(spec.instance_type)}"
+                         + (f" (up to {ic.max_instances}), no model: inference components" if ic else "")),
         Step("sagemaker", "CreateEndpoint",
              {"EndpointName": spec.name, "EndpointConfigName": config_name},
              undo=Step("sagemaker", "DeleteEndpoint", {"EndpointName": spec.name}),
              description=f"endpoint {spec.name} (waits for InService)"),
     ]
-    if spec.autoscaling:
+    if ic is not None:
+        from options.sagemaker.components import component_steps
+        steps += component_steps(spec.name, VARIANT, model_name, ic, startup, tags)
+    elif spec.autoscaling:
         steps += autoscaling_steps(spec.name, spec.autoscaling)
     return steps
+
+
+def routing_of(spec: EndpointSpec) -> dict[str, str]:
+    """What each InvokeEndpoint adds to address a model on this endpoint: an inference
+    component, a multi-model TargetModel, or nothing (the endpoint's one model)."""
+    from options.sagemaker import components
+
+    if spec.components is not None:
+        return components.routing(spec.name, spec.components)
+    if spec.multi_model_prefix and spec.multi_model_invoke:
+        return {"TargetModel": components.multi_model_target(spec.multi_model_invoke,
+                                                             spec.multi_model_targets or {})}
+    return {}
+
+
+def endpoint_plan(level: int, pre_steps: list[Step], spec: EndpointSpec, notes: list[str],
+                  extra: dict[str, Any] | None = None) -> Plan:
+    """The Plan every SageMaker rung returns: its own steps, the endpoint's, the hourly cost,
+    and (where many models share the endpoint) what invocations name and why."""
+    from options.sagemaker import components
+
+    notes = list(notes)
+    if spec.components is not None:
+        notes += components.plan_notes(spec.name, instance_info(spec.instance_type), spec.components)
+    if spec.multi_model_prefix:
+        notes += components.multi_model_notes(spec.multi_model_prefix, spec.multi_model_targets or {},
+                                              spec.multi_model_invoke)
+    extra = dict(extra or {})
+    if routing_of(spec):
+        extra["routing"] = routing_of(spec)
+    try:
+        cost = cost_line(spec.instance_type, spec.instance_count)
+    except BadInput as exc:
+        if not spec.multi_model_prefix:
+            raise
+        # The price table carries SageMaker prices for GPU instances only; a CPU multi-model
+        # plan is still worth reading, with the gap said where the cost would be.
+        ec2 = instance_info(spec.instance_type).ec2_hourly
+        cost = {"instance_type": ml_instance(spec.instance_type), "count": spec.instance_count,
+                "platform": "sagemaker",
+                "unknown": f"the price table has no SageMaker price for {ml_instance(spec.instance_type)}"
+                           + (f"; on EC2 it is ${ec2:g}/hour, and SageMaker adds 15–40 %" if ec2 else "")}
+    return Plan(level, pre_steps + endpoint_steps(spec), cost=cost, notes=notes, extra=extra)
 
 
 def autoscaling_steps(endpoint_name: str, scaling: Autoscaling) -> list[Step]:
@@ -290,7 +369,7 @@ def endpoint_name_of(plan: Plan) -> str:
 
 def main_param(step: Step) -> str:
     """The name of what a request acts on, for one-line progress and tables."""
-    for key in ("EndpointName", "EndpointConfigName", "ModelName", "repositoryName", "Key",
+    for key in ("InferenceComponentName", "EndpointName", "EndpointConfigName", "ModelName", "repositoryName", "Key",
                 "Bucket", "PolicyName", "ResourceId"):
         if key in step.params:
             return str(step.params[key])
