@@ -413,6 +413,18 @@ def test_cli_gateway_renders_and_validates(tmp_path, capsys):
     assert code == 2 and "--gateway on --target aws needs --gateway-image URI" in stderr
 
 
+def test_cli_emulator_lifecycle_with_the_gateway(capsys, monkeypatch):
+    monkeypatch.delenv("SPECTRUM_GATEWAY_SECRET", raising=False)
+    code, stdout, stderr = run_cli(["--target", "emulator", "--json", "--cluster-name", "emu-gw",
+                                    "--gateway", "--adapter", "a1=s3://acme-adapters/llm/a1"], capsys)
+    assert code == 0, stderr
+    summary = json.loads(stdout)
+    assert {"StorageClass/spectrum-gp3", "StatefulSet/spectrum/llm-redis",
+            "Deployment/spectrum/llm-gateway", "Secret/spectrum/llm-gateway-secret"} <= set(summary["created"])
+    assert summary["status"]["status"] == "applied"
+    assert "cluster emu-gw" in summary["removed"]
+
+
 def test_apply_creates_the_gateway_secret_once(monkeypatch):
     from infra.eks.kube import KubeApi, apply_manifests
     from infra.eks.memory_api import InMemoryKubernetes
