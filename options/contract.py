@@ -19,8 +19,8 @@ from typing import Any, Iterable, Iterator
 from urllib.parse import urlsplit
 
 from options.core import BadInput
-from options.core.wire import (BEDROCK, OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, canonical_dialect,
-                               detect_dialect as detect_dialect_name)
+from options.core.wire import (BEDROCK, OPENAI_CHAT, OPENAI_COMPLETIONS, OPENAI_EMBEDDINGS, TGI,
+                               canonical_dialect, detect_dialect as detect_dialect_name)
 
 # Finish reasons, normalised: "stop" (end of sequence or a stop string), "length" (max_tokens).
 # Anything else a server says is passed through unchanged.
@@ -75,6 +75,11 @@ class Request:
     ``system`` is kept apart so every dialect can place it where it belongs.
     ``ignore_eos`` (for benchmarks) makes servers that support it generate exactly
     ``max_tokens`` tokens; Bedrock has no such switch and ignores it.
+    ``priority`` is vLLM's scheduling priority (lower runs earlier; 0 is the default): sent as
+    ``priority`` in OpenAI bodies and ``parameters.priority`` in TGI/LMI ones. It takes effect
+    only on an engine started with the priority scheduling policy (the bring-your-own server
+    refuses a nonzero priority otherwise). Bedrock Converse has no such field: its wire form
+    leaves it out.
     """
     prompt: str | None = None
     messages: list[dict[str, Any]] | None = None
@@ -86,6 +91,7 @@ class Request:
     stream: bool = False
     ignore_eos: bool = False
     model: str | None = None      # the model name OpenAI-style servers and Bedrock need
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -108,6 +114,10 @@ class Request:
             raise BadInput(f"top_p={self.top_p!r} must be in (0, 1]")
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if self.priority is not None and (not isinstance(self.priority, int)
+                                          or isinstance(self.priority, bool)):
+            raise BadInput(f"priority={self.priority!r} must be a whole number (lower runs "
+                           "earlier; 0 is the default), e.g. priority=-1")
 
     def as_messages(self) -> list[dict[str, Any]]:
         return [dict(m) for m in self.messages] if self.messages is not None \
@@ -221,6 +231,8 @@ class _OpenAI(Dialect):
                     top_p=req.top_p, stop=req.stop)
         if req.ignore_eos:
             body["ignore_eos"] = True          # a vLLM extension to the OpenAI schema
+        if req.priority is not None:
+            body["priority"] = req.priority    # so is this
         if req.stream:
             body["stream"] = True
             # Without this an OpenAI stream carries no token counts at all.
@@ -233,7 +245,7 @@ class _OpenAI(Dialect):
                     temperature=body.get("temperature"), top_p=body.get("top_p"),
                     stop=[stop] if isinstance(stop, str) else stop,
                     stream=bool(body.get("stream", False)),
-                    ignore_eos=bool(body.get("ignore_eos", False)))
+                    ignore_eos=bool(body.get("ignore_eos", False)), priority=body.get("priority"))
 
     def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
         raise NotImplementedError
@@ -351,6 +363,8 @@ class TgiInputs(Dialect):
             params["do_sample"] = True
         if req.ignore_eos:
             params["ignore_eos"] = True      # LMI passes vLLM sampling parameters through
+        if req.priority is not None:
+            params["priority"] = req.priority
         params["details"] = True             # ask for token counts and the finish reason
         body: dict[str, Any] = {"inputs": req.as_text(), "parameters": params}
         if req.stream:
@@ -368,7 +382,8 @@ class TgiInputs(Dialect):
         return Request(prompt=inputs, **_opt(
             max_tokens=p.get("max_new_tokens", 256), temperature=p.get("temperature"),
             top_p=p.get("top_p"), stop=[stop] if isinstance(stop, str) else stop,
-            stream=bool(body.get("stream", False)), ignore_eos=bool(p.get("ignore_eos", False))))
+            stream=bool(body.get("stream", False)), ignore_eos=bool(p.get("ignore_eos", False)),
+            priority=p.get("priority")))
 
     @staticmethod
     def _usage(body: dict[str, Any]) -> Usage:
@@ -421,7 +436,10 @@ class TgiInputs(Dialect):
 
 
 class BedrockConverse(Dialect):
-    """Bedrock Converse: the keyword arguments of ``converse``/``converse_stream`` and their answers."""
+    """Bedrock Converse: the keyword arguments of ``converse``/``converse_stream`` and their answers.
+
+    Converse has no scheduling priority (nor ``ignore_eos``): a Request's ``priority`` stays
+    out of its wire form, as botocore would refuse an unknown parameter."""
     name = BEDROCK
     path = ""
 
@@ -523,7 +541,92 @@ def dialect(name: str | Dialect) -> Dialect:
 
 def detect_dialect(body: dict[str, Any]) -> Dialect:
     """Which dialect a request body is in: the one detection the server uses too."""
-    return DIALECTS[detect_dialect_name(body)]
+    name = detect_dialect_name(body)
+    if name == OPENAI_EMBEDDINGS:
+        raise BadInput("this body ('input') asks for embeddings, not generation: read its "
+                       "answer with embeddings_from_wire")
+    return DIALECTS[name]
+
+
+# ---------------------------------------------------------------------------------------------
+# Embeddings (OpenAI's /v1/embeddings shape; not a generation dialect). The bring-your-own
+# server answers it at /v1/embeddings and /invocations when its engine runs a pooling model.
+# ---------------------------------------------------------------------------------------------
+
+@dataclass
+class Embeddings:
+    """One vector per input, in the inputs' order, and the tokens the server counted."""
+    vectors: list[list[float]]
+    input_tokens: int | None = None
+    model: str | None = None
+    timings: Timings = field(default_factory=Timings)
+    raw: Any = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"vectors": self.vectors, "input_tokens": self.input_tokens, "model": self.model,
+                "timings": self.timings.to_json()}
+
+
+def embeddings_to_wire(texts: list[str], model: str | None = None,
+                       encoding_format: str | None = None) -> dict[str, Any]:
+    """The OpenAI embeddings body for ``texts`` (``encoding_format``: float | base64)."""
+    if isinstance(texts, str) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise BadInput(f"embeddings need a non-empty list of non-empty texts, got {texts!r}")
+    if encoding_format not in (None, "float", "base64"):
+        raise BadInput(f"encoding_format={encoding_format!r} must be float or base64")
+    return {"input": list(texts), **_opt(model=model, encoding_format=encoding_format)}
+
+
+def embeddings_from_wire(body: Any) -> Embeddings:
+    """An embeddings answer: OpenAI's ``{"data": [{"index", "embedding"}], "usage"}`` (vectors
+    as floats or base64 of little-endian float32), or TEI's bare list of vectors."""
+    import base64
+    import struct
+
+    if isinstance(body, list):
+        return Embeddings([[float(x) for x in v] for v in body], raw=body)
+    data = body.get("data") if isinstance(body, dict) else None
+    if not isinstance(data, list):
+        raise InvokeError(f"not an embeddings answer (no 'data' list): {str(body)[:200]}",
+                          kind="bad_response")
+    vectors: list[list[float]] = []
+    for item in sorted(data, key=lambda d: d.get("index", 0)):
+        vec = item.get("embedding")
+        if isinstance(vec, str):
+            raw = base64.b64decode(vec)
+            vec = list(struct.unpack(f"<{len(raw) // 4}f", raw))
+        vectors.append([float(x) for x in vec])
+    usage = body.get("usage") or {}
+    return Embeddings(vectors, _int(usage.get("prompt_tokens")), body.get("model"), raw=body)
+
+
+def embed_http(base_url: str, texts: list[str], *, model: str | None = None,
+               path: str | None = None, encoding_format: str | None = None,
+               timeout_s: float = 600.0, headers: dict[str, str] | None = None) -> Embeddings:
+    """POST an embeddings request (``/v1/embeddings`` unless ``path`` or the URL names one)."""
+    body = json.dumps(embeddings_to_wire(texts, model, encoding_format)).encode()
+    started = time.perf_counter()
+    conn, resp = _http_post(base_url, path, "/v1/embeddings", body, "application/json",
+                            timeout_s, headers)
+    try:
+        raw = resp.read()
+    finally:
+        conn.close()
+    out = embeddings_from_wire(_json_body(raw))
+    out.timings = Timings(e2e_s=time.perf_counter() - started)
+    return out
+
+
+def embed_sagemaker(runtime_client: Any, endpoint_name: str, texts: list[str], *,
+                    model: str | None = None) -> Embeddings:
+    """Embeddings from a SageMaker endpoint (its ``/invocations`` takes OpenAI's body)."""
+    started = time.perf_counter()
+    resp = runtime_client.invoke_endpoint(
+        EndpointName=endpoint_name, ContentType="application/json", Accept="application/json",
+        Body=json.dumps(embeddings_to_wire(texts, model)).encode())
+    out = embeddings_from_wire(_json_body(resp["Body"].read()))
+    out.timings = Timings(e2e_s=time.perf_counter() - started)
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -627,31 +730,12 @@ def invoke_http(base_url: str, request: Request, dialect_name: str | Dialect = O
     them with ``collect(events, started)``, ``started`` being ``time.perf_counter()`` taken
     before the call).
     """
-    import http.client
-
     d = dialect(dialect_name)
-    url = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
-    if url.scheme not in ("http", "https") or not url.hostname:
-        raise BadInput(f"base URL {base_url!r} is not an http(s) URL such as http://127.0.0.1:8080")
-    target = path or (url.path if url.path not in ("", "/") else d.path) or "/invocations"
     body = json.dumps(d.to_wire(request)).encode()
-    conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
-    conn = conn_cls(url.hostname, url.port, timeout=timeout_s)
     started = time.perf_counter()
-    try:
-        conn.request("POST", target, body=body, headers={
-            "Content-Type": "application/json",
-            "Accept": "text/event-stream" if request.stream else "application/json",
-            **(headers or {})})
-        resp = conn.getresponse()
-    except (OSError, http.client.HTTPException) as e:
-        conn.close()
-        raise InvokeError(f"could not reach {base_url}{target}: {e}", kind="connection") from e
-    if resp.status >= 400:
-        detail = resp.read()[:500].decode("utf-8", "replace")
-        conn.close()
-        raise InvokeError(f"{base_url}{target} answered HTTP {resp.status}: {detail}",
-                          kind=f"http_{resp.status}", status=resp.status)
+    conn, resp = _http_post(base_url, path, d.path or "/invocations", body,
+                            "text/event-stream" if request.stream else "application/json",
+                            timeout_s, headers)
     if request.stream:
         return _http_events(conn, resp, d)
     try:
@@ -661,6 +745,33 @@ def invoke_http(base_url: str, request: Request, dialect_name: str | Dialect = O
     result = d.result_from_wire(_json_body(raw))
     result.timings = Timings(ttft_s=None, e2e_s=time.perf_counter() - started)
     return result
+
+
+def _http_post(base_url: str, path: str | None, default_path: str, body: bytes, accept: str,
+               timeout_s: float, headers: dict[str, str] | None) -> tuple[Any, Any]:
+    """POST ``body`` to ``path``, else the URL's own path, else ``default_path``: the open
+    connection and its response (status < 400); InvokeError otherwise."""
+    import http.client
+
+    url = urlsplit(base_url if "://" in base_url else f"http://{base_url}")
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise BadInput(f"base URL {base_url!r} is not an http(s) URL such as http://127.0.0.1:8080")
+    target = path or (url.path if url.path not in ("", "/") else default_path)
+    conn_cls = http.client.HTTPSConnection if url.scheme == "https" else http.client.HTTPConnection
+    conn = conn_cls(url.hostname, url.port, timeout=timeout_s)
+    try:
+        conn.request("POST", target, body=body, headers={
+            "Content-Type": "application/json", "Accept": accept, **(headers or {})})
+        resp = conn.getresponse()
+    except (OSError, http.client.HTTPException) as e:
+        conn.close()
+        raise InvokeError(f"could not reach {base_url}{target}: {e}", kind="connection") from e
+    if resp.status >= 400:
+        detail = resp.read()[:500].decode("utf-8", "replace")
+        conn.close()
+        raise InvokeError(f"{base_url}{target} answered HTTP {resp.status}: {detail}",
+                          kind=f"http_{resp.status}", status=resp.status)
+    return conn, resp
 
 
 def _http_events(conn: Any, resp: Any, d: Dialect) -> Iterator[StreamEvent]:

@@ -14,6 +14,9 @@ OPENAI_COMPLETIONS = "openai-completions"  # {"prompt": ...}; served at /v1/comp
 TGI = "tgi"                                # {"inputs": ..., "parameters": {...}}: HF TGI, AWS LMI
 BEDROCK = "bedrock"                        # {"modelId", "messages": [{"content": [{"text"}]}]}
 DIALECTS = (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI, BEDROCK)
+# Not a generation dialect: an embeddings request, {"input": text | [texts] | [token ids] | ...};
+# served at /v1/embeddings (and /invocations) by a server whose engine runs a pooling model.
+OPENAI_EMBEDDINGS = "openai-embeddings"
 # Other names the same formats go by (the server's route names, LMI's name for TGI's shape).
 ALIASES = {"chat": OPENAI_CHAT, "completion": OPENAI_COMPLETIONS, "completions": OPENAI_COMPLETIONS,
            "lmi": TGI}
@@ -35,7 +38,8 @@ def canonical_dialect(name: str) -> str:
 
 
 def detect_dialect(body: Any) -> str:
-    """Which dialect a decoded request body is in, from the keys only that dialect sends."""
+    """Which dialect a decoded request body is in, from the keys only that dialect sends:
+    one of ``DIALECTS``, or ``OPENAI_EMBEDDINGS`` for an embeddings request."""
     if isinstance(body, dict):
         if "modelId" in body:
             return BEDROCK
@@ -45,9 +49,12 @@ def detect_dialect(body: Any) -> str:
             return OPENAI_COMPLETIONS
         if "inputs" in body:
             return TGI
+        if "input" in body:
+            return OPENAI_EMBEDDINGS
         keys = ", ".join(sorted(map(str, body))[:10]) or "none"
     else:
         keys = f"none (the body is a JSON {type(body).__name__}, not an object)"
     raise UnknownDialect("unknown request dialect: expected 'messages' (OpenAI chat), 'prompt' "
-                         "(OpenAI completion), 'inputs' with 'parameters' (TGI/LMI) or 'modelId' "
-                         f"with 'messages' (Bedrock Converse); got keys: {keys}")
+                         "(OpenAI completion), 'inputs' with 'parameters' (TGI/LMI), 'modelId' "
+                         "with 'messages' (Bedrock Converse) or 'input' (OpenAI embeddings); "
+                         f"got keys: {keys}")

@@ -62,6 +62,7 @@ class GenerationRequest:
     details: bool = False                          # TGI: token-level details
     return_full_text: bool = False                 # TGI: prepend the prompt
     max_tokens_field: str = "max_tokens"           # as the client spelled it, for messages
+    priority: int = 0                              # vLLM's: lower runs earlier (see routes)
 
 
 # -- parsing ----------------------------------------------------------------------------------
@@ -118,6 +119,7 @@ def parse_request(body: bytes, dialect: str | None = None) -> GenerationRequest:
         raise BadRequest(f"n={n!r}: this server returns one choice per request; send n=1",
                          "n")
     req.sampling = _sampling(data, temperature_default=1.0)
+    req.priority = parse_priority(data)
     req.stream = _bool(data, "stream", False)
     options = data.get("stream_options")
     if options is not None:
@@ -148,8 +150,17 @@ def _parse_tgi(data: dict[str, Any]) -> GenerationRequest:
                              prefix="parameters.", stop_key="stop")
     req.details = _bool(params, "details", False, "parameters.")
     req.return_full_text = _bool(params, "return_full_text", False, "parameters.")
+    req.priority = parse_priority(params, "parameters.")
     req.stream = _bool(data, "stream", False)
     return req
+
+
+def parse_priority(data: dict[str, Any], prefix: str = "") -> int:
+    """vLLM's scheduling priority (a vLLM extension of OpenAI's bodies; TGI/LMI's
+    ``parameters.priority``): any 64-bit whole number, lower runs earlier, 0 when absent."""
+    if data.get("priority") is None:
+        return 0
+    return _int(data, "priority", -(2**63), 2**63 - 1, prefix=prefix)
 
 
 def _messages(value: Any) -> list[dict[str, Any]]:
