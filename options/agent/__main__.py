@@ -4,11 +4,14 @@
     python -m options.agent --level 1 --target aws --docs docs/ --question "..." --trace trace.json
     python -m options.agent --level 3 --target aws --endpoint my-endpoint --instance ml.g5.xlarge --docs docs/ --question "..."
     python -m options.agent --level 5 --url http://127.0.0.1:8080 --actions retrieve,analyse --docs docs/ --question "..."
+    python -m options.agent --level 1 --target aws --embeddings-url http://127.0.0.1:8081 --docs docs/ --question "..."
 
 It plans (one call choosing actions from a small registry), retrieves passages of the documents
-by embeddings, then runs each action on the previous one's result, and prints the plan, every
+by embeddings (the server's POST /v1/embeddings when it answers, else a local embedding the
+trace names), then runs each action on the previous one's result, and prints the plan, every
 call (endpoint, tokens in/out, TTFT, end-to-end, cost) and the task's totals. `--trace FILE`
-writes them as JSON, which `python -m cost agent --trace FILE` prices on every rung.
+writes them as JSON, also when the task fails (with the error and the calls made until then);
+`python -m cost agent --trace FILE` prices it on every rung.
 
 Exit codes: 0 answered, 2 bad input (no documents, every action skipped, an unknown action),
 1 failure (the rung did not answer, or answered nothing).
@@ -46,6 +49,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-k", type=int, default=3, help="passages retrieved (3)")
     where = p.add_argument_group("where the rung is")
     where.add_argument("--url", help="base URL of a running server for this rung (skips starting one)")
+    where.add_argument("--embeddings-url", metavar="URL",
+                       help="an OpenAI embeddings server for retrieval (POST URL/v1/embeddings), e.g. the "
+                            "bring-your-own server with SM_VLLM_RUNNER=pooling; default: the rung's own server "
+                            "when it is one (--url, --target local), falling back to a local embedding")
     where.add_argument("--endpoint", help="SageMaker endpoint name (levels 2-5 with --target emulator|aws)")
     where.add_argument("--model", help="Bedrock model id (level 1), the model a started server loads, or the "
                        "model name a --url server expects")
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace, console) -> int:
     from options.agent.actions import parse_actions
-    from options.agent.retrieval import read_passages
+    from options.agent.retrieval import ServedEmbeddings, read_passages
     from options.agent.run import Trace, open_index, run_agent
     from options.agent.target import open_model
 
@@ -88,6 +95,8 @@ def _run(args: argparse.Namespace, console) -> int:
         passages = read_passages(args.docs)
         with open_model(args, console.print) as model:
             about.update(model=model.model, endpoint=model.endpoint, cost_basis=model.cost_basis)
+            if args.embeddings_url:
+                model.embedder = ServedEmbeddings(args.embeddings_url, None, args.timeout)
             index = open_index(passages, model)
             console.print(f"indexed {len(passages)} passages from {index.documents} documents in {args.docs} "
                           f"with {index.embedder.name}" + (f" ({index.fallback})" if index.fallback else ""))

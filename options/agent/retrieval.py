@@ -95,9 +95,41 @@ class EmbeddingsNotServed(Exception):
     it serves no embeddings, so the local fallback is used; the message says what it answered."""
 
 
+class _Batched:
+    """Embeds EMBED_BATCH texts per request (``_post``), summing tokens and time."""
+
+    def embed(self, texts: list[str]) -> Embedded:
+        out = Embedded([], 0, 0.0)
+        for i in range(0, len(texts), EMBED_BATCH):
+            part = self._post(texts[i:i + EMBED_BATCH])
+            out.vectors += part.vectors
+            out.input_tokens = None if out.input_tokens is None or part.input_tokens is None \
+                else out.input_tokens + part.input_tokens
+            out.e2e_s += part.e2e_s
+        return out
+
+    def _post(self, texts: list[str]) -> Embedded:
+        raise NotImplementedError
+
+    def _read(self, raw: bytes, texts: list[str], e2e_s: float) -> Embedded:
+        """An OpenAI embeddings answer: ``{"data": [{"index", "embedding"}], "usage": {"prompt_tokens"}}``."""
+        try:
+            doc = json.loads(raw)
+            rows = sorted(doc["data"], key=lambda d: d["index"])
+            vectors = [[float(x) for x in row["embedding"]] for row in rows]
+            tokens = (doc.get("usage") or {}).get("prompt_tokens")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise RuntimeError(f"{self.endpoint} answered something other than OpenAI embeddings "
+                               f"({exc!r}): {raw[:200]!r}") from None
+        if len(vectors) != len(texts) or len({len(v) for v in vectors}) > 1:
+            raise RuntimeError(f"{self.endpoint} answered {len(vectors)} embeddings of sizes "
+                               f"{sorted({len(v) for v in vectors})} for {len(texts)} texts")
+        return Embedded(vectors, tokens if isinstance(tokens, int) else None, e2e_s)
+
+
 @dataclass(frozen=True)
-class ServedEmbeddings:
-    """The rung's OpenAI embeddings route: ``POST {base}/v1/embeddings {"input": [...]}``."""
+class ServedEmbeddings(_Batched):
+    """A server's OpenAI embeddings route: ``POST {base}/v1/embeddings {"input": [...]}``."""
     base_url: str
     model: str | None = None
     timeout_s: float = 300.0
@@ -109,16 +141,6 @@ class ServedEmbeddings:
     @property
     def name(self) -> str:
         return f"the rung's embeddings ({self.endpoint})"
-
-    def embed(self, texts: list[str]) -> Embedded:
-        out = Embedded([], 0, 0.0)
-        for i in range(0, len(texts), EMBED_BATCH):
-            part = self._post(texts[i:i + EMBED_BATCH])
-            out.vectors += part.vectors
-            out.input_tokens = None if out.input_tokens is None or part.input_tokens is None \
-                else out.input_tokens + part.input_tokens
-            out.e2e_s += part.e2e_s
-        return out
 
     def _post(self, texts: list[str]) -> Embedded:
         body = {"input": texts, **({"model": self.model} if self.model else {})}
@@ -136,19 +158,41 @@ class ServedEmbeddings:
                                f"{detail}") from None
         except (OSError, ValueError) as exc:
             raise RuntimeError(f"could not reach the rung's embeddings route {self.endpoint}: {exc}") from None
-        e2e_s = time.perf_counter() - started
+        return self._read(raw, texts, time.perf_counter() - started)
+
+
+@dataclass(frozen=True)
+class EndpointEmbeddings(_Batched):
+    """A SageMaker endpoint of the bring-your-own image (level 5): its ``/invocations`` embeds an
+    OpenAI embeddings body when the engine runs a pooling model, and answers 400 when it does not
+    (SageMaker passes that on as a ModelError)."""
+    client: object                       # boto3 sagemaker-runtime
+    endpoint_name: str
+
+    @property
+    def endpoint(self) -> str:
+        return f"sagemaker:{self.endpoint_name} (openai-embeddings)"
+
+    @property
+    def name(self) -> str:
+        return f"the endpoint's embeddings ({self.endpoint})"
+
+    def _post(self, texts: list[str]) -> Embedded:
+        from botocore.exceptions import ClientError
+
+        started = time.perf_counter()
         try:
-            doc = json.loads(raw)
-            rows = sorted(doc["data"], key=lambda d: d["index"])
-            vectors = [[float(x) for x in row["embedding"]] for row in rows]
-            tokens = (doc.get("usage") or {}).get("prompt_tokens")
-        except (ValueError, KeyError, TypeError) as exc:
-            raise RuntimeError(f"{self.endpoint} answered something other than OpenAI embeddings "
-                               f"({exc!r}): {raw[:200]!r}") from None
-        if len(vectors) != len(texts) or len({len(v) for v in vectors}) > 1:
-            raise RuntimeError(f"{self.endpoint} answered {len(vectors)} embeddings of sizes "
-                               f"{sorted({len(v) for v in vectors})} for {len(texts)} texts")
-        return Embedded(vectors, tokens if isinstance(tokens, int) else None, e2e_s)
+            resp = self.client.invoke_endpoint(EndpointName=self.endpoint_name, ContentType="application/json",
+                                               Accept="application/json", Body=json.dumps({"input": texts}).encode())
+            raw = resp["Body"].read()
+        except ClientError as exc:
+            status = exc.response.get("OriginalStatusCode")
+            message = exc.response.get("OriginalMessage") or exc.response.get("Error", {}).get("Message", "")
+            if exc.response.get("Error", {}).get("Code") == "ModelError" and isinstance(status, int) \
+                    and 400 <= status < 500:
+                raise EmbeddingsNotServed(f"{self.endpoint} answered {status}: {message[:300]}") from None
+            raise
+        return self._read(raw, texts, time.perf_counter() - started)
 
 
 @dataclass(frozen=True)

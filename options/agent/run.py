@@ -2,9 +2,9 @@
 
 The model is reached through ``options.contract`` only (``Model.send`` is an
 ``invoke_http``, ``invoke_sagemaker`` or Bedrock ``converse_stream``), so the same task runs on
-every rung and its trace compares them. Retrieval embeds with the rung's embeddings route when
-``Model.embeddings_url`` names one that answers; otherwise with the local fallback, and the
-trace says which and why.
+every rung and its trace compares them. Retrieval embeds with the rung's embeddings
+(``Model.embedder``) when they answer; otherwise with the local fallback, and the trace says
+which and why.
 """
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from typing import Any, Callable, Iterator
 
 from options.agent.actions import (ACTIONS, DEFAULT_PLAN, PLAN_MAX_TOKENS, SYSTEM_PROMPT, model_prompt,
                                    planner_prompt, read_plan)
-from options.agent.retrieval import (Embedded, EmbeddingsNotServed, HashedBagOfWords, Index, Passage,
-                                     ServedEmbeddings)
+from options.agent.retrieval import Embedded, Embedder, EmbeddingsNotServed, HashedBagOfWords, Index, Passage
 from options.contract import Request, Result, StreamEvent, Usage, collect
 from options.core import BadInput
 
@@ -35,7 +34,7 @@ class Model:
     hourly_usd: float | None = None     # self-hosted: the instance's price, for instance time per call
     cost_basis: str = ""                # how cost_usd is reckoned, in words
     streams: bool = True                # False: one answer per call (no TTFT), e.g. on moto's SageMaker
-    embeddings_url: str | None = None   # the rung's OpenAI embeddings route, tried before the fallback
+    embedder: Embedder | None = None    # the rung's embeddings, tried before the local fallback
     no_embeddings: str = "the rung serves no embeddings route"    # why there is none to try
     timeout_s: float = 300.0
 
@@ -88,9 +87,9 @@ def embed_call(model: Model, index: Index, role: str, embedded: Embedded) -> Cal
 def open_index(passages: list[Passage], model: Model) -> Index:
     """Embed the passages with the rung's route if it serves one, else with the local fallback,
     which the index then names (``Index.fallback``) with the reason."""
-    if model.embeddings_url:
+    if model.embedder is not None:
         try:
-            return Index.build(passages, ServedEmbeddings(model.embeddings_url, model.model, model.timeout_s))
+            return Index.build(passages, model.embedder)
         except EmbeddingsNotServed as exc:
             why = str(exc)
     else:

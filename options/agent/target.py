@@ -8,9 +8,11 @@ import contextlib
 from typing import Iterator
 from urllib.parse import urlsplit
 
+from options.agent.retrieval import EndpointEmbeddings, ServedEmbeddings
 from options.agent.run import AgentFailed, Model
 from options.core import BEDROCK, BadInput, rung
 
+BYO_IMAGE_RUNG = "options.byo_image"     # the rung whose endpoint runs containers/byo-vllm
 SELF_HOSTED_BASIS = "instance time: e2e × the instance's hourly price (one call at a time; shared under load)"
 
 
@@ -41,7 +43,7 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(args.url, req, dialect, timeout_s=args.timeout),
                     f"{args.url.rstrip('/')} ({dialect})", args.model, hourly, basis,
-                    embeddings_url=_origin(args.url), timeout_s=args.timeout)
+                    embedder=ServedEmbeddings(_origin(args.url), args.model, args.timeout), timeout_s=args.timeout)
         return
     if r.can.dialect == BEDROCK:
         if args.target == "local":
@@ -84,10 +86,12 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
                                       "/moto-api/static/sagemaker/endpoint-results (options.aws."
                                       "queue_emulator_result), one per call; queue one for each call") from None
                 raise
+        # The bring-your-own image embeds on /invocations (when its engine pools); LMI would generate.
+        byo = r.module == BYO_IMAGE_RUNG
         yield Model(send,
                     f"sagemaker:{args.endpoint} ({dialect})", args.model, hourly, basis, streams=streams,
-                    no_embeddings="a SageMaker endpoint is reached through /invocations only, where the "
-                                  "agent does not probe for embeddings (an LMI endpoint would generate text)",
+                    embedder=EndpointEmbeddings(client, args.endpoint) if byo else None,
+                    no_embeddings=f"level {level}'s endpoint ({r.name}) serves no embeddings on /invocations",
                     timeout_s=args.timeout)
         return
     if not r.can.serves_locally:
@@ -102,4 +106,5 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         yield Model(lambda req: invoke_http(url, req, dialect, path="/invocations", timeout_s=args.timeout),
                     f"{url}/invocations ({dialect})", None, hourly,
                     basis if args.instance else "this machine: no AWS bill (give --instance TYPE to price "
-                    "the rung's instance time)", embeddings_url=url, timeout_s=args.timeout)
+                    "the rung's instance time)", embedder=ServedEmbeddings(url, None, args.timeout),
+                    timeout_s=args.timeout)

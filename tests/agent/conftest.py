@@ -14,6 +14,14 @@ import pytest
 from options.contract import OpenAICompletions, StreamEvent, Usage, sse_stream
 
 
+VOCABULARY = ("level", "lmi", "batch", "tensor", "bedrock", "token", "configure", "image")
+
+
+def keyword_vector(text: str) -> list[float]:
+    """A scripted embedding: how often each of a few words occurs (enough to rank the docs)."""
+    return [float(text.lower().count(w)) for w in VOCABULARY]
+
+
 class ScriptedRung(BaseHTTPRequestHandler):
     plan = "retrieve, summarize, analyze"
     answer = "The rolling batch size and the tensor parallel degree."
@@ -21,7 +29,6 @@ class ScriptedRung(BaseHTTPRequestHandler):
     embeddings = "404"                 # "404" | "400" | "served"
     fail_from: int | None = None       # completions from this many on answer HTTP 500
     embedded: list[list[str]] = []     # the inputs of each embeddings request
-    VOCABULARY = ("level", "lmi", "batch", "tensor", "bedrock", "token", "configure", "image")
 
     def log_message(self, *a):
         pass
@@ -43,7 +50,7 @@ class ScriptedRung(BaseHTTPRequestHandler):
         texts = body["input"]
         ScriptedRung.embedded.append(texts)
         rows = [{"object": "embedding", "index": i,
-                 "embedding": [float(t.lower().count(w)) for w in ScriptedRung.VOCABULARY]}
+                 "embedding": keyword_vector(t)}
                 for i, t in enumerate(texts)]
         tokens = sum(len(t.split()) for t in texts)
         self._json(200, {"object": "list", "data": rows[::-1], "model": "scripted",      # any order: by index

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from options.agent.actions import DEFAULT_PLAN, parse_actions, read_plan
-from options.agent.retrieval import PASSAGE_WORDS, HashedBagOfWords, Index, read_passages
+from options.agent.retrieval import PASSAGE_WORDS, HashedBagOfWords, Index, ServedEmbeddings, read_passages
 from options.agent.run import AgentFailed, Model, run_agent
 from options.core import BadInput
 
@@ -70,7 +70,7 @@ def test_retrieval_uses_the_rungs_embeddings_route_and_traces_the_embed_call(scr
     rung, url = scripted_rung
     rung.embeddings = "served"
     model = _http_model(url)
-    model.embeddings_url = url
+    model.embedder = ServedEmbeddings(url)
     index = open_index(read_passages(docs), model)
     assert index.fallback is None and index.embedder.name == f"the rung's embeddings ({url}/v1/embeddings)"
     assert rung.embedded == [[p.text for p in index.passages]]           # one batch: every passage
@@ -97,7 +97,7 @@ def test_a_rung_without_embeddings_falls_back_to_the_local_one_and_says_why(scri
     rung, url = scripted_rung
     rung.embeddings = answer
     model = _http_model(url)
-    model.embeddings_url = url
+    model.embedder = ServedEmbeddings(url)
     index = open_index(read_passages(docs), model)
     assert index.embedder.name.startswith("local hashed bag-of-words")
     assert re.match(f"{re.escape(url)}/v1/embeddings answered {said}", index.fallback)
@@ -262,3 +262,7 @@ def test_the_agent_on_the_local_level_5_server(docs, tmp_path, tiny_model):
     # Each step's prompt carries the previous result: analyse's is built on summarise's answer.
     assert trace["calls"][1]["input_tokens"] > trace["calls"][2]["input_tokens"] > 0
     assert trace["totals"]["cost_usd"] is None and "no AWS bill" in trace["cost_basis"]
+    # The server's engine generates, so it serves no embeddings (its /v1/embeddings refuses), and the
+    # trace says so.
+    assert trace["retrieval"]["method"].startswith("local hashed bag-of-words")
+    assert re.match(r"http://127\.0\.0\.1:\d+/v1/embeddings answered HTTP 4\d\d: ", trace["retrieval"]["fallback"])

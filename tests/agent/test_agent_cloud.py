@@ -101,7 +101,7 @@ def test_the_agent_on_a_sagemaker_rung_on_the_emulator(emulator_url, lmi_endpoin
     _assert_totals_are_sums(doc)
     assert doc["totals"]["input_tokens"] == 41 + 233 + 57 and doc["totals"]["output_tokens"] == 6 + 9 + 12
     assert doc["answer"] == answers[2][0] and "error" not in doc
-    assert doc["retrieval"]["fallback"].startswith("a SageMaker endpoint is reached through /invocations only")
+    assert doc["retrieval"]["fallback"] == "level 3's endpoint (Bring your own model on LMI) serves no embeddings on /invocations"
     # The requests were LMI's: the system prompt leads "inputs"; summarise got the passage, analyse
     # got summarise's answer.
     bodies = _bodies_moto_received()
@@ -126,17 +126,37 @@ def test_the_emulator_with_no_answer_queued_says_how_to_queue_one(emulator_url, 
 # --- Bedrock through botocore ----------------------------------------------------------------------
 
 @pytest.fixture
-def bedrock_answers(monkeypatch):
-    """Every ConverseStream that boto3's default session's clients send is answered, in turn, by
-    ``answers`` (text, input tokens, output tokens) as real event-stream bytes; returns the list
-    and the requests sent."""
+def default_session(monkeypatch):
+    """boto3's default session (the one Target's clients come from) with test credentials;
+    ``register(event, handler)`` hooks every client it makes, until the test ends."""
     import boto3
-    from botocore.awsrequest import AWSResponse
 
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("AWS_PROFILE", raising=False)
+    boto3.setup_default_session()
+    registered = []
+
+    def register(event, handler):
+        boto3.DEFAULT_SESSION.events.register(event, handler)
+        registered.append((event, handler))
+    yield register
+    for event, handler in registered:
+        boto3.DEFAULT_SESSION.events.unregister(event, handler)
+
+
+def _event_stream_response(request, messages: list[bytes]):
+    from botocore.awsrequest import AWSResponse
+
+    return AWSResponse(request.url, 200, {"content-type": "application/vnd.amazon.eventstream"},
+                       _aws_event_stream()._Raw(b"".join(messages), 7))
+
+
+@pytest.fixture
+def bedrock_answers(default_session):
+    """Every ConverseStream is answered, in turn, by ``answers`` (text, input tokens, output
+    tokens) as real event-stream bytes; yields the list and the requests sent."""
     es = _aws_event_stream()
     answers: list[tuple[str, int, int]] = []
     sent: list = []
@@ -144,20 +164,16 @@ def bedrock_answers(monkeypatch):
     def before_send(request, **_):
         text, tokens_in, tokens_out = answers[len(sent)]
         sent.append(request)
-        data = b"".join([es.event("messageStart", {"role": "assistant"})]
-                        + [es.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": w + " "}})
-                           for w in text.split()]
-                        + [es.event("messageStop", {"stopReason": "end_turn"}),
-                           es.event("metadata", {"usage": {"inputTokens": tokens_in, "outputTokens": tokens_out,
-                                                           "totalTokens": tokens_in + tokens_out},
-                                                 "metrics": {"latencyMs": 40}})])
-        return AWSResponse(request.url, 200, {"content-type": "application/vnd.amazon.eventstream"},
-                           es._Raw(data, 7))
+        return _event_stream_response(request, [es.event("messageStart", {"role": "assistant"})]
+                                      + [es.event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": w + " "}})
+                                         for w in text.split()]
+                                      + [es.event("messageStop", {"stopReason": "end_turn"}),
+                                         es.event("metadata", {"usage": {"inputTokens": tokens_in, "outputTokens": tokens_out,
+                                                                         "totalTokens": tokens_in + tokens_out},
+                                                               "metrics": {"latencyMs": 40}})])
 
-    boto3.setup_default_session()
-    boto3.DEFAULT_SESSION.events.register("before-send.bedrock-runtime.ConverseStream", before_send)
+    default_session("before-send.bedrock-runtime.ConverseStream", before_send)
     yield answers, sent
-    boto3.DEFAULT_SESSION.events.unregister("before-send.bedrock-runtime.ConverseStream", before_send)
 
 
 def test_the_agent_on_bedrock_end_to_end(bedrock_answers, docs, tmp_path, capsys):
@@ -236,3 +252,78 @@ def test_the_agent_on_a_sagemaker_endpoint_streams_in_the_rungs_dialect(docs):
     assert all(r.url.endswith("/endpoints/agent-ep/invocations-response-stream") for r in sent)
     _assert_totals_are_sums(trace.to_json())
     assert trace.totals()["cost_usd"] == pytest.approx(G5_XLARGE_SAGEMAKER_HOURLY * trace.totals()["e2e_ms"] / 1000 / 3600)
+
+
+# --- the bring-your-own image's endpoint (level 5): its /invocations embeds ----------------------------
+
+def _byo_endpoint(default_session, embeddings: str):
+    """Level 5's endpoint at botocore's level: InvokeEndpoint with an OpenAI embeddings body is
+    answered with vectors (``embeddings == "served"``) or, as SageMaker passes on the server's 400
+    for a model that does not pool, a ModelError; generation streams the plan, then an answer."""
+    from botocore.awsrequest import AWSResponse
+    from conftest import keyword_vector
+
+    from options.contract import StreamEvent, Usage, sse_stream
+
+    es = _aws_event_stream()
+    embedded, generated = [], []
+
+    def invoke(request, **_):
+        texts = json.loads(request.body)["input"]
+        embedded.append(texts)
+        if embeddings == "served":
+            doc = {"object": "list", "model": "byo", "usage": {"prompt_tokens": 11 * len(texts), "total_tokens": 11 * len(texts)},
+                   "data": [{"object": "embedding", "index": i, "embedding": keyword_vector(t)} for i, t in enumerate(texts)]}
+            return AWSResponse(request.url, 200, {"content-type": "application/json"}, _aws_event_stream()._Raw(json.dumps(doc).encode(), 64))
+        said = json.dumps({"error": {"message": "this server's engine runs runner 'generate' and serves no embeddings: "
+                                                "start it with SM_VLLM_RUNNER=pooling"}})
+        body = {"ErrorCode": "CLIENT_ERROR_FROM_MODEL", "OriginalStatusCode": 400, "OriginalMessage": said,
+                "Message": f"Received client error (400) from primary with message \"{said}\".",
+                "LogStreamArn": "arn:aws:logs:us-east-1:123456789012:log-group:/aws/sagemaker/Endpoints/byo-ep"}
+        return AWSResponse(request.url, 424, {"content-type": "application/json",
+                                              "x-amzn-ErrorType": "ModelError:http://internal.amazon.com/coral/com.amazon.sagemaker/"},
+                           _aws_event_stream()._Raw(json.dumps(body).encode(), 64))
+
+    def stream(request, **_):
+        generated.append(json.loads(request.body))
+        text = "retrieve, analyse" if len(generated) == 1 else "The rolling batch size."
+        data = b"".join(sse_stream([StreamEvent("text", text=text), StreamEvent("usage", usage=Usage(90, 5))],
+                                   "openai-completions"))          # level 5's dialect
+        return _event_stream_response(request, [es.event("PayloadPart", data[i:i + 9], "application/octet-stream")
+                                                for i in range(0, len(data), 9)])
+
+    default_session("before-send.sagemaker-runtime.InvokeEndpoint", invoke)
+    default_session("before-send.sagemaker-runtime.InvokeEndpointWithResponseStream", stream)
+    return embedded, generated
+
+
+def test_the_byo_endpoint_embeds_the_passages_and_the_question(default_session, docs, tmp_path, capsys):
+    from options.agent.__main__ import main
+
+    embedded, generated = _byo_endpoint(default_session, "served")
+    code = main(["--level", "5", "--target", "aws", "--endpoint", "byo-ep", "--instance", "ml.g5.xlarge",
+                 "--docs", str(docs), "--question", QUESTION, "--json"])
+    assert code == 0, capsys.readouterr()
+    doc = json.loads(capsys.readouterr().out)
+    assert [c["role"] for c in doc["calls"]] == ["plan", "embed", "analyse"]
+    embed = doc["calls"][1]
+    assert embed["endpoint"] == "sagemaker:byo-ep (openai-embeddings)" and (embed["input_tokens"], embed["output_tokens"]) == (11, 0)
+    assert embed["cost_usd"] == pytest.approx(G5_XLARGE_SAGEMAKER_HOURLY * embed["e2e_ms"] / 1000 / 3600)
+    _assert_totals_are_sums(doc)
+    assert len(embedded) == 2 and embedded[1] == [QUESTION] and len(embedded[0]) == doc["retrieval"]["passages"]
+    assert doc["retrieval"]["fallback"] is None and doc["retrieval"]["indexing"]["input_tokens"] == 11 * len(embedded[0])
+    assert doc["retrieval"]["hits"][0]["passage"] == "lmi.md#0" and "[lmi.md#0]" in generated[1]["prompt"]
+
+
+def test_a_byo_endpoint_that_does_not_pool_falls_back_and_says_why(default_session, docs, capsys):
+    from options.agent.__main__ import main
+
+    embedded, _ = _byo_endpoint(default_session, "400")
+    code = main(["--level", "5", "--target", "aws", "--endpoint", "byo-ep", "--docs", str(docs),
+                 "--question", QUESTION, "--json"])
+    assert code == 0, capsys.readouterr()
+    doc = json.loads(capsys.readouterr().out)
+    assert len(embedded) == 1 and [c["role"] for c in doc["calls"]] == ["plan", "analyse"]
+    assert doc["retrieval"]["method"].startswith("local hashed bag-of-words")
+    assert doc["retrieval"]["fallback"].startswith("sagemaker:byo-ep (openai-embeddings) answered 400: ")
+    assert "SM_VLLM_RUNNER=pooling" in doc["retrieval"]["fallback"]
