@@ -88,6 +88,92 @@ def moto_accepts_current_instance_types() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def moto_serves_inference_components() -> Iterator[None]:
+    """moto 5.2.5 has no inference components and refuses an endpoint config whose variant names
+    no model: add both to the embedded emulator, so --target emulator runs an endpoint of
+    components end to end. As with moto's endpoints, a component is InService at once; what it
+    checks is what SageMaker would refuse outright (unknown endpoint, model or base, a taken name).
+    """
+    from moto.core.responses import ActionResult, EmptyResult
+    from moto.core.utils import utcnow
+    from moto.sagemaker.exceptions import ValidationError
+    from moto.sagemaker.models import SageMakerModelBackend
+    from moto.sagemaker.responses import SageMakerResponse
+
+    def held(backend) -> dict[str, dict[str, Any]]:
+        return backend.__dict__.setdefault("spectrum_inference_components", {})  # reset() clears it
+
+    def find(backend, name: str) -> dict[str, Any]:
+        if name not in held(backend):
+            raise ValidationError(message=f"Could not find inference component '{name}'.")
+        return held(backend)[name]
+
+    def create(self) -> ActionResult:
+        backend, name = self.sagemaker_backend, self._get_param("InferenceComponentName")
+        endpoint, spec = self._get_param("EndpointName"), self._get_param("Specification") or {}
+        if name in held(backend):
+            raise ValidationError(message=f"Cannot create already existing inference component '{name}'.")
+        if endpoint not in backend.endpoints:
+            raise ValidationError(message=f"Could not find endpoint '{endpoint}'.")
+        if spec.get("ModelName") and spec["ModelName"] not in backend._models:
+            raise ValidationError(message=f"Could not find model '{spec['ModelName']}'.")
+        if spec.get("BaseInferenceComponentName"):
+            find(backend, spec["BaseInferenceComponentName"])
+        arn = f"arn:aws:sagemaker:{self.region}:{self.current_account}:inference-component/{name}"
+        held(backend)[name] = {
+            "InferenceComponentName": name, "InferenceComponentArn": arn, "EndpointName": endpoint,
+            "EndpointArn": backend.endpoints[endpoint].arn,
+            "VariantName": self._get_param("VariantName") or "AllTraffic", "Specification": spec,
+            "RuntimeConfig": self._get_param("RuntimeConfig") or {}, "CreationTime": utcnow(),
+            "LastModifiedTime": utcnow(), "InferenceComponentStatus": "InService"}
+        return ActionResult({"InferenceComponentArn": arn})
+
+    def describe(self) -> ActionResult:
+        found = dict(find(self.sagemaker_backend, self._get_param("InferenceComponentName")))
+        copies = found.pop("RuntimeConfig").get("CopyCount")
+        if copies is not None:
+            found["RuntimeConfig"] = {"DesiredCopyCount": copies, "CurrentCopyCount": copies}
+        return ActionResult(found)
+
+    def delete(self) -> ActionResult:
+        backend, name = self.sagemaker_backend, self._get_param("InferenceComponentName")
+        find(backend, name)
+        if any(c["Specification"].get("BaseInferenceComponentName") == name for c in held(backend).values()):
+            raise ValidationError(message=f"Inference component '{name}' still carries adapter components.")
+        del held(backend)[name]
+        return EmptyResult()
+
+    def list_(self) -> ActionResult:
+        endpoint = self._get_param("EndpointNameEquals")
+        keys = ("InferenceComponentName", "InferenceComponentArn", "EndpointName", "EndpointArn",
+                "VariantName", "CreationTime", "LastModifiedTime", "InferenceComponentStatus")
+        return ActionResult({"InferenceComponents": [
+            {k: c[k] for k in keys} for c in held(self.sagemaker_backend).values()
+            if endpoint in (None, c["EndpointName"])]})
+
+    original_check = SageMakerModelBackend.validate_production_variants
+
+    def check_variants(self, variants: list[dict[str, Any]]) -> None:
+        original_check(self, [v for v in variants if "ModelName" in v])  # no model: components
+
+    added = {"create_inference_component": create, "describe_inference_component": describe,
+             "delete_inference_component": delete, "list_inference_components": list_}
+    before = {action: SageMakerResponse.__dict__.get(action) for action in added}  # nested emulators
+    for action, handler in added.items():
+        setattr(SageMakerResponse, action, handler)
+    SageMakerModelBackend.validate_production_variants = check_variants
+    try:
+        yield
+    finally:
+        for action, previous in before.items():
+            if previous is None:
+                delattr(SageMakerResponse, action)
+            else:
+                setattr(SageMakerResponse, action, previous)
+        SageMakerModelBackend.validate_production_variants = original_check
+
+
+@contextlib.contextmanager
 def emulator(port: int | None = None) -> Iterator[str]:
     """Run moto's server on 127.0.0.1 while the block lasts; yields its URL."""
     try:
@@ -99,7 +185,7 @@ def emulator(port: int | None = None) -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request access log in the CLI
     port = port or free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with moto_accepts_current_instance_types():
+    with moto_accepts_current_instance_types(), moto_serves_inference_components():
         server.start()
         try:
             yield f"http://127.0.0.1:{port}"

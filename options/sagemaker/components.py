@@ -280,11 +280,6 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
         return {"multi_model_prefix": prefix, "multi_model_targets": targets, "multi_model_invoke": invoke}
     if not flags:
         return {}
-    if args.target == "emulator" and not args.plan:
-        raise BadInput("--adapter on --target emulator: the local AWS emulator (moto 5.2.5) has no "
-                       "inference components and refuses an endpoint config without a model, so "
-                       "nothing could be applied there. --plan shows the requests with their cost; "
-                       "--target aws applies them")
     # Autoscaling bounds, where the rung has them, become managed instance scaling's bounds.
     low = scaling.min_capacity if scaling else args.instance_count
     return {"components": size_components(instance, accelerators_per_copy, low,

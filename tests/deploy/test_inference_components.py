@@ -7,10 +7,12 @@ on the operation's input shape, plus the patterns and enums it leaves unchecked.
 Where the lifecycle runs: moto 5.2.5 has no CreateInferenceComponent / Describe / Delete /
 ListInferenceComponents, and its CreateEndpointConfig fails on a variant without ModelName, so
 the SageMaker control plane of an endpoint of components is botocore's Stubber (ordered, exact
-expected requests; responses validated against the output shapes). Everything else goes to the
-embedded moto server: STS (the account id), application-autoscaling, and sagemaker-runtime's
-InvokeEndpoint, which accepts InferenceComponentName and TargetModel. The multi-model endpoint
-runs whole on moto.
+expected requests, with AWS's Creating → InService and a Failed component; responses validated
+against the output shapes). Everything else goes to the embedded moto server: STS (the account
+id), application-autoscaling, and sagemaker-runtime's InvokeEndpoint, which accepts
+InferenceComponentName and TargetModel. The multi-model endpoint runs whole on moto. The
+emulator target adds components to its moto (options.aws.moto_serves_inference_components);
+one CLI run shows that path, and asserts only what the CLI does with it.
 """
 from __future__ import annotations
 
@@ -183,7 +185,6 @@ def test_level5_cpu_multi_model_endpoint(build):
     (["--level", "3", "--plan", "--adapter", "base=s3://b/a/"], ["names the base model's component"]),
     (["--level", "2", "--plan", "--adapter", "a=s3://b/a/"], ["level 2 deploys one fixed model", "levels 3, 4 and 5"]),
     (["--level", "3", "--adapter", "a=s3://b/a/"], ["add --plan", "--target aws"]),
-    (["--level", "3", "--target", "emulator", "--adapter", "a=s3://b/a/"], ["no inference components"]),
     (["--level", "5", "--plan", "--multi-model", "s3://b/models/"], ["only with its NVIDIA Triton", "--instance-type ml.m6i.xlarge"]),
     (["--level", "5", "--plan", "--multi-model", "models/", "--instance-type", "ml.m6i.xlarge"],
      ["is not an S3 prefix"]),
@@ -192,7 +193,7 @@ def test_level5_cpu_multi_model_endpoint(build):
     (["--level", "3", "--plan", "--invoke", "hi", "--adapter", "a", "--adapter", "b"],
      ["already goes to adapter 'a'"]),
 ], ids=["no-url", "not-s3", "duplicate", "bad-name", "too-long", "reserved", "level2", "local",
-        "emulator", "gpu-mme", "mme-prefix", "mme-outside", "two-targets"])
+        "gpu-mme", "mme-prefix", "mme-outside", "two-targets"])
 def test_bad_adapter_input_exits_2_naming_the_value_and_the_fix(capsys, argv, expected):
     code = main(argv)
     err = capsys.readouterr().err
@@ -486,3 +487,16 @@ def test_cli_deploys_then_invokes_the_named_adapter(emulator_url, target, build,
     assert summary["answer"]["text"] == "legal says hi"
     assert sent[0].headers["X-Amzn-SageMaker-Inference-Component"].decode() == f"{spec.name}-legal"
     assert [c["name"] for c in summary["status"]["components"]] == [c["InferenceComponentName"] for c in components]
+
+
+def test_emulator_target_runs_an_endpoint_of_components_in_one_command(capsys):
+    # moto replays a cached answer to a body it has seen: a prompt no other test sends
+    assert main(["--level", "3", "--target", "emulator", "--json", *ADAPTERS,
+                 "--invoke", "Which adapter answers in the emulator?", "--adapter", "legal"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    name = summary["endpoint"]
+    assert summary["answer"]["text"].startswith("(emulator) canned answer")
+    assert [(c["name"], c.get("adapter_of")) for c in summary["status"]["components"]] == [
+        (f"{name}-base", None), (f"{name}-support", f"{name}-base"), (f"{name}-legal", f"{name}-base")]
+    assert summary["removed"][:4] == [f"inference component {name}-support", f"inference component {name}-legal",
+                                      f"inference component {name}-base", f"endpoint {name}"]
