@@ -500,3 +500,28 @@ def test_emulator_target_runs_an_endpoint_of_components_in_one_command(capsys):
         (f"{name}-base", None), (f"{name}-support", f"{name}-base"), (f"{name}-legal", f"{name}-base")]
     assert summary["removed"][:4] == [f"inference component {name}-support", f"inference component {name}-legal",
                                       f"inference component {name}-base", f"endpoint {name}"]
+
+
+def test_streamed_invocation_names_the_component(target, build, botocore_events):
+    """InvokeEndpointWithResponseStream carries InferenceComponentName too (real event-stream
+    bytes from a before-send hook: moto has no streaming invocations)."""
+    from botocore.awsrequest import AWSResponse
+    from test_stream import WORDS, _answer_stream, _Raw
+
+    from options import contract
+    from options.core import rung
+
+    module, spec, plan = build("--level", "3", "--target", "emulator", *ADAPTERS, "--invoke", "Hi",
+                               "--adapter", "support")
+    deployment = apply_plan(plan, target, lambda _: None)
+    seen = []
+
+    def answer(request, **_):
+        seen.append(request.headers.get("X-Amzn-SageMaker-Inference-Component", b"").decode())
+        return AWSResponse(request.url, 200, {"Content-Type": "application/vnd.amazon.eventstream"},
+                           _Raw(_answer_stream(rung(3).can.dialect), chunk=13))
+    botocore_events("before-send.sagemaker-runtime.InvokeEndpointWithResponseStream", answer)
+    events = list(module.invoke(deployment, Request(prompt="Why GPUs?", stream=True)))
+    assert contract.collect(events).text == "".join(WORDS)
+    assert seen == [f"{spec.name}-support"]
+    module.down(spec, target)
