@@ -36,7 +36,6 @@ class Model:
     streams: bool = True                # False: one answer per call (no TTFT), e.g. on moto's SageMaker
     embedder: Embedder | None = None    # the rung's embeddings, tried before the local fallback
     no_embeddings: str = "the rung serves no embeddings route"    # why there is none to try
-    timeout_s: float = 300.0
 
     def cost(self, usage: Usage, e2e_s: float | None) -> float | None:
         if usage.cost_usd is not None:                 # Bedrock: tokens × the price table

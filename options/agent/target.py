@@ -43,7 +43,7 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(args.url, req, dialect, timeout_s=args.timeout),
                     f"{args.url.rstrip('/')} ({dialect})", args.model, hourly, basis,
-                    embedder=ServedEmbeddings(_origin(args.url), args.model, args.timeout), timeout_s=args.timeout)
+                    embedder=ServedEmbeddings(_origin(args.url), args.model, args.timeout))
         return
     if r.can.dialect == BEDROCK:
         if args.target == "local":
@@ -91,8 +91,7 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         yield Model(send,
                     f"sagemaker:{args.endpoint} ({dialect})", args.model, hourly, basis, streams=streams,
                     embedder=EndpointEmbeddings(client, args.endpoint) if byo else None,
-                    no_embeddings=f"level {level}'s endpoint ({r.name}) serves no embeddings on /invocations",
-                    timeout_s=args.timeout)
+                    no_embeddings=f"level {level}'s endpoint ({r.name}) serves no embeddings on /invocations")
         return
     if not r.can.serves_locally:
         raise BadInput(f"level {level} ({r.name}) does not serve on this machine: {r.can.reason('serves_locally')}. "
@@ -106,5 +105,4 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         yield Model(lambda req: invoke_http(url, req, dialect, path="/invocations", timeout_s=args.timeout),
                     f"{url}/invocations ({dialect})", None, hourly,
                     basis if args.instance else "this machine: no AWS bill (give --instance TYPE to price "
-                    "the rung's instance time)", embedder=ServedEmbeddings(url, None, args.timeout),
-                    timeout_s=args.timeout)
+                    "the rung's instance time)", embedder=ServedEmbeddings(url, None, args.timeout))
