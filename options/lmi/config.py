@@ -35,6 +35,12 @@ QUANTIZED_WEIGHT_BYTES = {"awq": 0.56, "gptq": 0.56, "fp8": 1.0, "bitsandbytes":
                           "bitsandbytes4": 0.56, "bitsandbytes8": 1.0}
 DEFAULT_MAX_ROLLING_BATCH = 256         # LMI's default option.max_rolling_batch_size
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9    # vLLM's default
+# Options Spectrum sets unless the user sets them. Prefix caching keeps an agent's growing
+# prompt (shared system prompt, then each step's context) in the KV cache between calls;
+# vLLM turns it on by default for generative models, written out here so the plan says so
+# and an LMI release with another default still gets it. OPTION_ENABLE_PREFIX_CACHING=false
+# turns it off.
+DEFAULT_OPTIONS = {"enable_prefix_caching": "true"}
 
 
 def add_lmi_version_argument(group) -> None:
@@ -75,15 +81,19 @@ class LmiConfig:
     options: dict[str, str] = field(default_factory=dict)   # properties form, without "option."
     plain_env: dict[str, str] = field(default_factory=dict)
 
+    def effective_options(self) -> dict[str, str]:
+        """The user's options over Spectrum's defaults (``DEFAULT_OPTIONS``)."""
+        return {**DEFAULT_OPTIONS, **self.options}
+
     def env(self) -> dict[str, str]:
         env = {"HF_MODEL_ID": self.model_id}
-        env.update({f"OPTION_{k.upper()}": v for k, v in sorted(self.options.items())})
+        env.update({f"OPTION_{k.upper()}": v for k, v in sorted(self.effective_options().items())})
         env.update(self.plain_env)
         return env
 
     def serving_properties(self) -> str:
         lines = ["engine=Python", f"option.model_id={self.model_id}"]
-        lines += [f"option.{k}={v}" for k, v in sorted(self.options.items())]
+        lines += [f"option.{k}={v}" for k, v in sorted(self.effective_options().items())]
         return "\n".join(lines) + "\n"
 
     # Values the sizing needs, with LMI's defaults.

@@ -30,7 +30,7 @@ def test_level3_classic_example_plans_cleanly(build):
     assert container["Image"] == \
         "763104351884.dkr.ecr.us-east-1.amazonaws.com/djl-inference:0.38.0-lmi29.0.0-cu130"
     assert container["Environment"] == {
-        "HF_MODEL_ID": "mistralai/Mistral-7B-Instruct-v0.3",
+        "HF_MODEL_ID": "mistralai/Mistral-7B-Instruct-v0.3", "OPTION_ENABLE_PREFIX_CACHING": "true",
         "OPTION_MAX_ROLLING_BATCH_SIZE": "128", "OPTION_SERVING_LOADER": "vllm",
         "OPTION_TENSOR_PARALLEL_DEGREE": "4"}
     variant = plan.steps[1].params["ProductionVariants"][0]

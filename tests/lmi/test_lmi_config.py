@@ -18,13 +18,30 @@ def test_env_and_serving_properties_say_the_same_thing():
                                     "max_rolling_batch_size=128", "HF_TOKEN=hf_x"])
     config = LmiConfig("meta-llama/Llama-3.1-8B-Instruct", options, plain)
     assert config.env() == {"HF_MODEL_ID": "meta-llama/Llama-3.1-8B-Instruct",
+                            "OPTION_ENABLE_PREFIX_CACHING": "true",
                             "OPTION_MAX_ROLLING_BATCH_SIZE": "128", "OPTION_ROLLING_BATCH": "vllm",
                             "OPTION_TENSOR_PARALLEL_DEGREE": "4", "HF_TOKEN": "hf_x"}
     props = dict(line.split("=", 1) for line in config.serving_properties().splitlines())
     assert props == {"engine": "Python", "option.model_id": "meta-llama/Llama-3.1-8B-Instruct",
+                     "option.enable_prefix_caching": "true",
                      "option.max_rolling_batch_size": "128", "option.rolling_batch": "vllm",
                      "option.tensor_parallel_degree": "4"}
     assert "hf_x" not in config.serving_properties()  # secrets stay in the env
+
+
+@pytest.mark.parametrize("given", ["OPTION_ENABLE_PREFIX_CACHING=false",
+                                   "option.enable_prefix_caching=false"])
+def test_prefix_caching_is_on_unless_the_user_turns_it_off(given):
+    assert LmiConfig("m").env()["OPTION_ENABLE_PREFIX_CACHING"] == "true"
+    options, plain = parse_options([given])
+    config = LmiConfig("m", options, plain)
+    assert config.env()["OPTION_ENABLE_PREFIX_CACHING"] == "false"
+    assert "option.enable_prefix_caching=false" in config.serving_properties().splitlines()
+    # The bring-your-own server maps the same variable onto vLLM's flag.
+    from byo_vllm.config import settings_from_env
+    settings = settings_from_env(config.env())
+    assert settings.engine_args["enable_prefix_caching"].value == "false"
+    assert settings.prefix_caching_said() == "false, as set by OPTION_ENABLE_PREFIX_CACHING"
 
 
 def test_parameters_estimated_from_a_llama_8b_config():

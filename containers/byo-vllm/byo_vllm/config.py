@@ -117,8 +117,20 @@ class ServerSettings:
             "ignored": self.ignored,
             "adapter_sources": list(self.adapter_sources),
             "base_zero_adapter": self.base_zero_adapter,
+            "prefix_caching": self.prefix_caching_said(),
             "adapters_dir": self.adapters_dir,
         }
+
+
+    def prefix_caching_said(self) -> str:
+        """Where prefix caching's setting comes from. Unset, vLLM 0.32 turns it on for every
+        model that supports it (generative decoders; pooling models with last-token pooling)
+        and off for the rest, where forcing it on gives wrong vectors: so the server leaves it
+        to vLLM, and SM_VLLM_ENABLE_PREFIX_CACHING=false turns it off."""
+        arg = self.engine_args.get("enable_prefix_caching")
+        if arg is not None:
+            return f"{arg.value or 'true'}, as set by {arg.source}"
+        return "vLLM's default: on wherever the model supports it"
 
 
 def settings_from_env(env: Mapping[str, str] | None = None) -> ServerSettings:
