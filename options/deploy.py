@@ -20,6 +20,7 @@ import time
 from typing import Any
 
 from options.core import BadInput, exit_code, mask_secrets
+from options.core.rungs import EC2
 from options.local_target import DEFAULT_PROMPT, sample_request
 from options.output import Console, emit, format_answer, print_plan
 from options.plan import Plan
@@ -34,6 +35,7 @@ EXAMPLES = """examples:
       --model mistralai/Mistral-7B-Instruct-v0.3 --option OPTION_TENSOR_PARALLEL_DEGREE=4
   python -m options.deploy --level 3 --target aws --status    is it there, is it InService
   python -m options.deploy --level 3 --target aws --down      remove endpoint, config, model, autoscaling
+  python -m options.deploy --level 1 --gateway                the gateway's config and IAM policy for this rung
 """
 
 
@@ -74,6 +76,9 @@ def _shared_arguments(parser: argparse.ArgumentParser) -> None:
     a.add_argument("--status", action="store_true", help="show the deployment's state, e.g. --status")
     a.add_argument("--down", action="store_true",
                    help="remove the endpoint, its config, model and autoscaling registration")
+    a.add_argument("--gateway", action="store_true",
+                   help="the API gateway (containers/gateway) in front of this rung: levels 1-5 print "
+                        "its config, IAM policy and commands; level 6 renders it with Redis")
     a.add_argument("--json", action="store_true",
                    help="machine-readable output on stdout (progress goes to stderr)")
     a.add_argument("--once", action="store_true",
@@ -238,6 +243,20 @@ def run_emulator(module, spec, args, say: Console) -> int:
         return _finish(summary, say)
 
 
+def print_gateway_front(module, args, say: Console) -> int:
+    """Levels 1-5: how to put the gateway in front of the rung as its --plan deploys it."""
+    from options.gateway_front import front_for, render_text
+
+    if getattr(args, "adapter", None) or getattr(args, "multi_model", None):
+        raise BadInput("--gateway with --adapter/--multi-model: the gateway's sagemaker upstream "
+                       "invokes the endpoint without an InferenceComponentName or TargetModel; "
+                       "drop --gateway, or front the base endpoint without adapters")
+    args.plan = True          # the endpoint the gateway calls is the one the plan names
+    front = front_for(args.level, module, module.spec_from_args(args), args)
+    print(json.dumps(front, indent=2) if args.json else render_text(front))
+    return 0
+
+
 # ----------------------------------------------------------------------------------- main
 
 def main(argv: list[str] | None = None) -> int:
@@ -248,6 +267,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         module = rung_module(args.level)
+        if args.gateway and rung(args.level).platform != EC2:
+            return print_gateway_front(module, args, say)
         spec = module.spec_from_args(args)
         if args.plan:
             plan = module.plan(spec)

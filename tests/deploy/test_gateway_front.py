@@ -2,6 +2,7 @@
 pointing at exactly what the rung's plan deploys, with the least IAM policy for that."""
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -97,3 +98,15 @@ def test_gateway_serves_the_level5_endpoint_it_was_printed_for(tmp_path):
         module.down(spec, Target("emulator", "us-east-1", url))
     assert answer.choices[0].message.content == "through the gateway"
     assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (5, 3)
+
+
+def test_cli_prints_the_front_as_json_and_refuses_it_for_inference_components(capsys):
+    from options.deploy import main
+
+    assert main(["--level", "3", "--gateway", "--json", "--region", "us-west-2"]) == 0
+    front = json.loads(capsys.readouterr().out)
+    assert front["level"] == 3
+    assert front["config"]["models"]["chat"]["upstreams"][0]["sagemaker"]["region"] == "us-west-2"
+
+    assert main(["--level", "3", "--gateway", "--adapter", "a1=s3://bucket/a1"]) == 2
+    assert "InferenceComponentName" in capsys.readouterr().err
