@@ -14,9 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import sys
-import time
 import urllib.request
 from typing import Any, Iterator
 
@@ -180,41 +178,25 @@ def _server_env(args: argparse.Namespace) -> Iterator[tuple[dict[str, str], str]
         model = args.model or str(tiny_model_dir())
         yield {"HF_MODEL_ID": model}, f"the bring-your-own server with {model}"
         return
-    from options.deploy import parse_args
-    from options.spectrum import rung_module
+    from options.deploy import local_server_env
 
-    module = rung_module(args.level)
-    deploy_args = parse_args(["--level", str(args.level), "--target", "local"]
-                             + (["--model", args.model] if args.model else [])
-                             + [f"--option={o}" for o in args.option])
-    with module.local_server(module.spec_from_args(deploy_args)) as served:
+    with local_server_env(args.level, args.model, args.option) as served:
         yield served
 
 
 @contextlib.contextmanager
 def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
     """Start the bring-your-own server on this machine for the run, and stop it after."""
-    from options.local_server import LocalServer
+    from options.local_server import serve_here
 
-    logs = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
-    os.makedirs(logs, exist_ok=True)
-    log_path = os.path.join(logs, f"bench-server-{int(time.time())}.log")
-    seen: set[str] = set()
     # --adapters: LoRA on, and a model folder that holds the adapters (before _server_env reads it)
     extra_env = _local_adapters(args) if args.adapters else {}
     if args.profile == "agent" and args.priority != "off":     # vLLM honours priorities only so
         extra_env["SM_VLLM_SCHEDULING_POLICY"] = "priority"
 
-    def progress(elapsed_s: float, state: str) -> None:
-        if state not in seen:            # each state once, not every poll
-            seen.add(state)
-            say(f"  {elapsed_s:5.0f} s  {state}")
-
     with _server_env(args) as (env, what), \
-            LocalServer({**env, **extra_env}, log_path=log_path) as server:
-        say(f"starting the local server: {what} (log: {log_path}; stopped when the bench ends)")
-        server.wait_ready(600, on_progress=progress)
-        yield server.url
+            serve_here({**env, **extra_env}, what, say, log_name="bench-server") as url:
+        yield url
 
 
 def _local_adapters(args: argparse.Namespace) -> dict[str, str]:
