@@ -22,8 +22,16 @@ def test_every_request_is_in_the_ledger_and_the_metrics(gateway, upstreams):
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=HI, max_tokens=5)
 
-    usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
-    mine = [e for e in usage["entries"] if e["key_id"] == key["id"]]
+    # A stream's entry is written when the gateway has finished it, which may be after the
+    # client read its last event (and after the next request was metered): wait for all three
+    # and compare them in request order.
+    def entries():
+        usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
+        found = [e for e in usage["entries"] if e["key_id"] == key["id"]]
+        return found if len(found) >= 3 else None
+    order = {"False200": 0, "True200": 1, "False404": 2}
+    mine = sorted(wait_for(entries, 10, "three ledger entries", interval_s=0.3),
+                  key=lambda e: order.get(f"{e['stream']}{e['status']}", 3))
     assert [(e["model"], e["upstream"], e["status"], e["stream"]) for e in mine] == [
         ("stream", "slowstream", 200, False), ("stream", "slowstream", 200, True),
         ("nope", None, 404, False)]
