@@ -157,6 +157,18 @@ class Gateway:
             assert result.returncode == 0, result.stderr
         return result
 
+    def ledger(self, where=lambda entry: True, at_least: int = 1, tenant: str | None = None,
+               timeout_s: float = 10) -> list[dict]:
+        """The usage entries ``where`` selects, once there are ``at_least`` of them: a stream's
+        entry is written when the gateway has finished it, which can be after its client read
+        the last event."""
+        args = ["usage", "--json"] + (["--tenant", tenant] if tenant else [])
+
+        def entries():
+            found = [e for e in json.loads(self.admin(*args).stdout)["entries"] if where(e)]
+            return found if len(found) >= at_least else None
+        return wait_for(entries, timeout_s, f"{at_least} ledger entries", interval_s=0.3)
+
     def create_key(self, tenant: str, models: str | None = None) -> dict:
         args = ["keys", "create", "--tenant", tenant, "--json"]
         if models:

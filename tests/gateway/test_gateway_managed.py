@@ -3,7 +3,6 @@ contract's dialects and boto3, against a fake AWS runtime that speaks the real w
 (JSON, and AWS event-stream bytes for streams)."""
 from __future__ import annotations
 
-import json
 
 import openai
 import pytest
@@ -52,6 +51,5 @@ def test_sagemaker_endpoint_whole_and_streamed(gateway, acme_key):
     chunks = list(client.chat.completions.create(model="endpoint", messages=HI, max_tokens=5, stream=True))
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
         "".join(f"byo-ep:{i} " for i in range(5))
-    usage = json.loads(gateway.admin("usage", "--tenant", "acme", "--json").stdout)
-    mine = [e for e in usage["entries"] if e["upstream"] == "sagemaker" and e["stream"]]
-    assert mine and mine[-1]["output_tokens"] == 5 and mine[-1]["usage_source"] == "upstream"
+    mine = gateway.ledger(lambda e: e["upstream"] == "sagemaker" and e["stream"], tenant="acme")
+    assert mine[-1]["output_tokens"] == 5 and mine[-1]["usage_source"] == "upstream"
