@@ -212,12 +212,10 @@ def _local_adapters(args: argparse.Namespace) -> dict[str, str]:
                        "a server that serves them")
     names = adapters.parse_adapters(args.adapters)
     env = adapters.local_server_env(args)
-    if args.model is None:
-        from options.tiny_model import tiny_model_dir
-        base = tiny_model_dir()
-    else:
-        base = Path(args.model)
-    args.model = str(adapters.model_with_adapters(base, names, adapters.spectrum_cache()))
+    from options.tiny_model import cache_root, tiny_model_dir
+
+    base = tiny_model_dir() if args.model is None else Path(args.model)
+    args.model = str(adapters.model_with_adapters(base, names, cache_root()))
     return env
 
 

@@ -39,7 +39,6 @@ highest concurrency, so tools that read any bench document read this one too.
 from __future__ import annotations
 
 import json
-import os
 import random
 import urllib.error
 import urllib.request
@@ -295,10 +294,6 @@ def local_server_env(args) -> dict[str, str]:
                        "server keeps loaded at once)")
     return {"SM_VLLM_ENABLE_LORA": "true", "SM_VLLM_MAX_LORAS": str(slots),
             "SM_VLLM_MAX_CPU_LORAS": str(slots), "SM_VLLM_MAX_LORA_RANK": str(LOCAL_RANK)}
-
-
-def spectrum_cache() -> Path:
-    return Path(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")))
 
 
 # --- the run ----------------------------------------------------------------------------------

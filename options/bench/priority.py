@@ -3,7 +3,8 @@
 An agent's user waits for every step of the program, so a step of a program that is already
 running matters more than the first step of a new one: it has already been waited for. With
 ``later-steps`` step k (1-based) is sent with vLLM's request ``priority`` -k (lower is
-scheduled sooner), so the engine finishes running programs before it starts new ones. The
+scheduled sooner; ``options.contract`` carries it in OpenAI bodies and TGI's ``parameters``),
+so the engine finishes running programs before it starts new ones. The
 server must schedule by priority (vLLM's ``--scheduling-policy priority``; the
 bring-your-own server: ``SM_VLLM_SCHEDULING_POLICY=priority``); under vLLM's default
 first-come-first-served policy a priority other than 0 is refused.
@@ -31,7 +32,6 @@ from options.bench.metrics import spread
 from options.core import BadInput
 
 MODES = ("off", "later-steps", "compare")
-PRIORITY_DIALECTS = ("openai-completions", "openai-chat")
 
 
 def step_priorities(steps: int) -> list[int]:
@@ -39,36 +39,15 @@ def step_priorities(steps: int) -> list[int]:
     return [-(k + 1) for k in range(steps)]
 
 
-def step_sends(mode: str, steps: int, details: dict[str, Any]) -> list | None:
-    """One send function per step carrying its priority in the request body; None when off.
-
-    vLLM reads ``priority`` from OpenAI-style bodies, so this needs an HTTP target speaking an
-    OpenAI dialect."""
+def priorities_for(mode: str, steps: int, details: dict[str, Any]) -> list[int] | None:
+    """Each step's priority for ``mode`` (None when off). The contract carries ``priority`` in
+    every dialect but Bedrock's Converse, which has no such field: refused there."""
     if mode == "off":
         return None
-    from options.bench.runner import http_target
-
-    url, dialect = details.get("url"), details.get("dialect")
-    if not url or dialect not in PRIORITY_DIALECTS:
-        raise BadInput(f"--priority {mode} sends vLLM's 'priority' field in OpenAI-style bodies: "
-                       f"measure a server by --url (or the local one) with --dialect "
-                       f"openai-completions or openai-chat (here: "
-                       f"{dialect or 'no HTTP dialect'} on {url or 'a SageMaker or Bedrock target'})")
-    return [http_target(url, with_fields(dialect, {"priority": p}), details.get("path"))
-            for p in step_priorities(steps)]
-
-
-def with_fields(dialect_name: str, fields: dict[str, Any]):
-    """The dialect, with ``fields`` added to every request body it writes."""
-    from options.contract import dialect
-
-    base = type(dialect(dialect_name))
-
-    class WithFields(base):
-        def to_wire(self, req):
-            return {**super().to_wire(req), **fields}
-
-    return WithFields()
+    if details.get("service") == "bedrock-runtime":
+        raise BadInput(f"--priority {mode}: Bedrock has no request priority to send; measure a "
+                       "server that runs vLLM (levels 2-6, --url, or the local one)")
+    return step_priorities(steps)
 
 
 def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -102,14 +81,14 @@ def compare(args, profile, template, send, details, tokens, console) -> int:
     if not isinstance(args.rounds, int) or args.rounds < 1:
         raise BadInput(f"--rounds {args.rounds!r} must be a whole number >= 1 (3 or more to read "
                        "medians with a spread)")
-    sends = step_sends("later-steps", profile.steps, details)
+    priorities = priorities_for("later-steps", profile.steps, details)
     say = (lambda *_: None) if args.no_progress else console.print
     runs, kept = [], {}
     for rnd in range(1, args.rounds + 1):
         this = replace(profile, seed=profile.seed + rnd - 1)   # its own words, shared by both modes
         for mode in (("off", "on") if rnd % 2 else ("on", "off")):
             result, parts, rate = measure_programs(this, send, template, tokens, details.get("url"),
-                                                   step_sends=sends if mode == "on" else None)
+                                                   priorities=priorities if mode == "on" else None)
             prog = parts["program"]
             run = {"round": rnd, "mode": mode, "program_e2e_ms_p50": prog["e2e_ms"]["p50"],
                    "program_e2e_ms_p99": prog["e2e_ms"]["p99"],

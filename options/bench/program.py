@@ -149,9 +149,9 @@ class ProgramRun:
 
 
 def run_program(send, template, system: str, steps: list[tuple[str, int]], think_s: float,
-                step_sends: Sequence | None = None) -> ProgramRecord:
+                priorities: Sequence[int] | None = None) -> ProgramRecord:
     """One program's steps in order; it stops at the first failed step (an agent cannot go on).
-    ``step_sends[k]``, if given, sends step k (e.g. with its own priority) instead of ``send``."""
+    ``priorities[k]``, if given, is step k's vLLM scheduling priority."""
     from options.bench.runner import error_kind
     from options.contract import collect
 
@@ -161,10 +161,11 @@ def run_program(send, template, system: str, steps: list[tuple[str, int]], think
         if k:
             time.sleep(think_s)
         req = replace(template, system=system, prompt=step_prompt(history, text), messages=None,
-                      max_tokens=max_tokens, stream=True)
+                      max_tokens=max_tokens, stream=True,
+                      priority=priorities[k] if priorities else template.priority)
         sent = time.perf_counter()
         try:
-            res = collect((step_sends[k] if step_sends else send)(req), sent)
+            res = collect(send(req), sent)
         except Exception as exc:  # a failed step fails the program; the bench counts it
             rec.steps.append(RequestRecord(error=error_kind(exc)))
         else:
@@ -187,7 +188,7 @@ def run_program(send, template, system: str, steps: list[tuple[str, int]], think
 
 def run(profile: ProgramProfile, send, template, tokens: PromptTokens | None = None,
         on_done: Callable[[int, ProgramRecord], None] | None = None,
-        step_sends: Sequence | None = None) -> ProgramRun:
+        priorities: Sequence[int] | None = None) -> ProgramRun:
     """Every program of ``profile``, at most ``concurrency`` at once (closed loop)."""
     system, programs = profile.plan(tokens)
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -195,7 +196,7 @@ def run(profile: ProgramProfile, send, template, tokens: PromptTokens | None = N
     with ThreadPoolExecutor(max_workers=min(profile.concurrency, len(programs)),
                             thread_name_prefix="program") as pool:
         futures = [pool.submit(run_program, send, template, system, steps, profile.think_ms / 1000,
-                               step_sends) for steps in programs]
+                               priorities) for steps in programs]
         for n, done in enumerate(as_completed(futures), 1):
             if on_done:
                 on_done(n, done.result())
@@ -304,12 +305,12 @@ def profile_from_args(args) -> ProgramProfile:
 
 
 def measure_programs(profile: ProgramProfile, send, template, tokens, url: str | None, bar=None,
-                     step_sends: Sequence | None = None) -> tuple[ProgramRun, dict[str, Any], float | None]:
+                     priorities: Sequence[int] | None = None) -> tuple[ProgramRun, dict[str, Any], float | None]:
     """One run of every program: the run, its summary parts, and the prefix-cache hit rate."""
     before = read_prefix_cache(url)
     task = bar.add_task("programs", total=profile.programs) if bar else None
     result = run(profile, send, template, tokens,
-                 (lambda n, _: bar.update(task, completed=n)) if bar else None, step_sends)
+                 (lambda n, _: bar.update(task, completed=n)) if bar else None, priorities)
     rate = hit_rate(before, read_prefix_cache(url))
     return result, summarize_programs(result, profile.think_ms / 1000, profile.seed), rate
 
@@ -322,7 +323,7 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
     from options.bench.__main__ import warm_up_and_calibrate
 
     profile = profile_from_args(args)
-    sends = priority.step_sends(args.priority, profile.steps, details)   # bad input before any load
+    priorities = priority.priorities_for(args.priority, profile.steps, details)   # before any load
     ready, tokens = warm_up_and_calibrate(args, send, template, console, profile.seed)
     if not ready:
         return 1
@@ -331,10 +332,10 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
     with Progress(TextColumn("[bold]programs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=args.no_progress, transient=True) as bar:
         result, parts, rate = measure_programs(profile, send, template, tokens, details.get("url"),
-                                               bar, sends)
+                                               bar, priorities)
     doc = program_doc(args, profile, template, details, tokens, result, parts, rate)
-    if sends:
-        doc["priority"] = {"mode": args.priority, "step_priorities": priority.step_priorities(profile.steps)}
+    if priorities:
+        doc["priority"] = {"mode": args.priority, "step_priorities": priorities}
     if args.json:
         report.write_json(doc, args.json)
     if args.json != "-":

@@ -23,7 +23,7 @@ import pytest
 from options.bench import adapters, priority
 from options.bench.__main__ import main as bench_main
 from options.bench.adapters import Mix, parse_adapters, parse_mix
-from options.contract import OpenAICompletions, Request, StreamEvent, Usage, sse_stream
+from options.contract import OpenAICompletions, StreamEvent, Usage, sse_stream
 from options.core import BadInput
 
 SLOTS = 2
@@ -256,16 +256,12 @@ def test_concurrency_must_be_whole_numbers(capsys):
 
 # --- program-aware priority -------------------------------------------------------------------
 
-def test_priority_rides_in_the_openai_body():
-    body = priority.with_fields("openai-completions", {"priority": -3}).to_wire(
-        Request(prompt="hi", max_tokens=4))
-    assert body["priority"] == -3 and body["prompt"] == "hi" and body["max_tokens"] == 4
+def test_priorities_by_step_and_bedrock_refused():
     assert priority.step_priorities(4) == [-1, -2, -3, -4]
-    assert priority.step_sends("off", 3, {}) is None
-    with pytest.raises(BadInput, match="openai-completions or openai-chat"):
-        priority.step_sends("later-steps", 3, {"url": "http://x", "dialect": "tgi"})
-    with pytest.raises(BadInput, match="SageMaker or Bedrock"):
-        priority.step_sends("compare", 3, {"dialect": "openai-chat"})
+    assert priority.priorities_for("off", 3, {}) is None
+    assert priority.priorities_for("later-steps", 3, {"url": "http://x", "dialect": "tgi"}) == [-1, -2, -3]
+    with pytest.raises(BadInput, match="Bedrock has no request priority"):
+        priority.priorities_for("compare", 3, {"service": "bedrock-runtime"})
 
 
 def test_priority_compare_alternates_and_sends_minus_k_on_step_k(standin_url, tmp_path):
