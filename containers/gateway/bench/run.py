@@ -20,7 +20,10 @@ Tables show each figure's median over the rounds with the range of the rounds be
 between contenders means something only where it is wider than those ranges.
 
     .venv/bin/python containers/gateway/bench/run.py --rounds 3 --concurrency 1,8,32,64 \\
+        --contenders direct,gateway,gateway-redis \\
         --json containers/gateway/bench/results-2026-11-30.json
+
+(``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts.)
 
 LiteLLM's proxy runs from an environment of its own (``--litellm-venv``, made on first use with
 ``pip install 'litellm[proxy]==1.108.7'``; ``--no-litellm`` leaves it out), one worker, its
