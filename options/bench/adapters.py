@@ -376,8 +376,8 @@ def run_rounds(plan: AdapterPlan, profile_for: Callable[[int, int], Any], send, 
     from options.bench import runner
     from options.bench.metrics import summarize
 
-    requests = profile_for(plan.concurrencies[0], 0).requests
-    assigned = plan.mix.assign(plan.names, requests, profile_for(plan.concurrencies[0], 0).seed)
+    first = profile_for(plan.concurrencies[0], 0)
+    assigned = plan.mix.assign(plan.names, first.requests, first.seed)
     runs: list[dict[str, Any]] = []
     summaries = {}
     n = 0
@@ -402,7 +402,7 @@ def run_rounds(plan: AdapterPlan, profile_for: Callable[[int, int], Any], send, 
                     f"tok/s, TTFT p50 {run['ttft_ms_p50'] or 0:.0f} ms"
                     + (f", {run['swaps']['loads']} loads, {run['swaps']['evictions']} evictions"
                        if run["swaps"] and who == "mix" else ""))
-    top = plan.concurrencies[-1] if len(plan.concurrencies) == 1 else max(plan.concurrencies)
+    top = max(plan.concurrencies)
     mixes = sorted((r for r in runs if r["concurrency"] == top and r["contender"] == "mix"),
                    key=lambda r: r["output_tokens_per_second"])
     median_round = mixes[(len(mixes) - 1) // 2]["round"]
