@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 import requests
@@ -62,6 +64,26 @@ def byo_server(tiny_model, tmp_path_factory):
         yield StartedServer(server, states, log)
     finally:
         server.stop()
+
+
+@contextmanager
+def serving(env: dict[str, str], tmp_path_factory, name: str) -> Iterator[StartedServer]:
+    """A server of its own for a module that needs an engine set up differently."""
+    log = tmp_path_factory.mktemp(name) / "server.log"
+    server = LocalServer(env, log_path=log)
+    server.start()
+    try:
+        server.wait_ready(300)
+        yield StartedServer(server, [], log)
+    finally:
+        server.stop()
+
+
+def engine_info(server: StartedServer) -> dict[str, str]:
+    """What /metrics says the engine runs as: the labels of its byo_engine_info sample."""
+    (key,) = [k for k, v in server.metrics().items() if k.startswith("byo_engine_info{") and v == 1]
+    return dict(pair.replace('"', "").split("=", 1)
+                for pair in key[len("byo_engine_info{"):-1].split(","))
 
 
 def sse_events(response: requests.Response) -> list:

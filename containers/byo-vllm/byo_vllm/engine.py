@@ -6,8 +6,9 @@ requests is admitted without thread hand-offs, and a slow client costs a socket,
 thread. The engine is built in a helper thread (building it blocks for the whole load), so
 the loop answers ``/ping`` with 503 meanwhile.
 
-The adapter uses only vLLM's public engine API (``AsyncLLM.generate``, ``abort``,
-``get_tokenizer``, ``errored``/``dead_error``, ``shutdown``). ``check_vllm`` verifies that
+The adapter uses only vLLM's public engine API (``AsyncLLM.generate``, ``encode`` for a
+pooling model's embeddings, ``abort``, ``get_tokenizer``, ``get_supported_tasks``,
+``errored``/``dead_error``, ``shutdown``). ``check_vllm`` verifies that
 API before loading: a vLLM without it leaves the server up with ``/ping`` answering 503 and
 saying why, never serving a silently wrong stream.
 """
@@ -20,6 +21,7 @@ import time
 import uuid
 from typing import Any, AsyncIterator
 
+from . import metrics
 from .config import WORKER_BOOT_ERROR, ConfigError, ServerSettings
 
 log = logging.getLogger("byo_vllm.engine")
@@ -27,9 +29,9 @@ log = logging.getLogger("byo_vllm.engine")
 # The vLLM releases this adapter is tested against (the CPU tests and the GPU image's base).
 TESTED_VLLM = ("0.32.",)
 # What the adapter calls on vLLM, checked at start-up (see check_vllm).
-REQUIRED_ENGINE_API = ("from_engine_args", "generate", "abort", "get_tokenizer", "errored",
-                       "dead_error", "shutdown", "add_lora", "remove_lora", "list_loras",
-                       "pin_lora")
+REQUIRED_ENGINE_API = ("from_engine_args", "generate", "encode", "abort", "get_tokenizer",
+                       "get_supported_tasks", "errored", "dead_error", "shutdown", "add_lora",
+                       "remove_lora", "list_loras", "pin_lora")
 
 
 class EngineUnavailable(RuntimeError):
@@ -74,6 +76,15 @@ class EngineAdapter:
         self.max_model_len = 0
         self.adapters = None              # adapters.AdapterRegistry when LoRA is on
         self._zero_adapter = False
+        # What the engine turned out to be, once built (the settings may leave it to vLLM).
+        self.runner = ""                  # "generate" | "pooling"
+        self.tasks: tuple[str, ...] = ()  # vLLM's supported tasks: ("generate",), ("embed", ...)
+        self.scheduling_policy = ""       # "fcfs" | "priority"
+        self.prefix_caching = False
+        self.matryoshka = False           # the model's embeddings can be shortened (dimensions)
+        self.vocab_size = 0
+        # The exceptions by which vLLM refuses a request (the client's fault: a 400).
+        self.client_errors: tuple[type[BaseException], ...] = (ValueError,)
 
     # -- life cycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -96,6 +107,8 @@ class EngineAdapter:
             # gunicorn stops the whole server when its worker exits with this code, so the
             # platform sees the failure (and the log says why) instead of a 503 forever.
             os._exit(WORKER_BOOT_ERROR)
+        self.tasks = tuple(await self.engine.get_supported_tasks())
+        self._describe_engine()
         if self.engine.vllm_config.lora_config is not None:
             try:
                 await self._start_adapters()
@@ -116,11 +129,28 @@ class EngineAdapter:
             self._reserve_lora_slots(args)
         started = time.monotonic()
         engine = AsyncLLM.from_engine_args(args, usage_context=UsageContext.OPENAI_API_SERVER)
+        from vllm.exceptions import VLLMClientError
+
         self.engine = engine
         self.tokenizer = engine.get_tokenizer()
-        self.max_model_len = engine.model_config.max_model_len
-        log.info("engine ready in %.1f s (max_model_len %d)", time.monotonic() - started,
-                 self.max_model_len)
+        config = engine.vllm_config
+        self.max_model_len = config.model_config.max_model_len
+        self.runner = config.model_config.runner_type
+        self.scheduling_policy = str(config.scheduler_config.policy)
+        self.prefix_caching = bool(config.cache_config.enable_prefix_caching)
+        self.matryoshka = bool(getattr(config.model_config, "is_matryoshka", False))
+        self.vocab_size = config.model_config.get_vocab_size()
+        self.client_errors = (ValueError, VLLMClientError)
+        log.info("engine built in %.1f s", time.monotonic() - started)
+
+    def _describe_engine(self) -> None:
+        """The one log line (and /metrics gauge) saying what the engine runs as."""
+        prefix = "on" if self.prefix_caching else "off"
+        log.info("engine ready: max_model_len %d, runner %s (tasks %s), scheduling policy %s, "
+                 "prefix caching %s (%s)", self.max_model_len, self.runner,
+                 ", ".join(self.tasks), self.scheduling_policy, prefix,
+                 self.settings.prefix_caching_said())
+        metrics.ENGINE_INFO.labels(self.runner, self.scheduling_policy, prefix).set(1)
 
     def _reserve_lora_slots(self, args) -> None:
         """Sizes the engine's adapter slots for adapters.py: one more in its adapter cache
@@ -207,13 +237,20 @@ class EngineAdapter:
     def decode_one(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])
 
+    @property
+    def embeds(self) -> bool:
+        """The engine answers embeddings (a pooling model with vLLM's embed task)."""
+        return "embed" in self.tasks
+
     def generate(self, prompt_token_ids: list[int], sampling: dict[str, Any],
-                 stream: bool, lora_request=None) -> AsyncIterator:
+                 stream: bool, lora_request=None, priority: int = 0) -> AsyncIterator:
         """The engine's outputs for one request: every new delta when ``stream``, else one
         final output. Closing the iterator early aborts the request in the engine.
-        ``lora_request``: the adapter, from ``adapters.AdapterRegistry.acquire``.
+        ``lora_request``: the adapter, from ``adapters.AdapterRegistry.acquire``;
+        ``priority``: vLLM's (lower runs earlier; only the priority policy reads it).
 
-        ValueError: the engine rejected the request (raised on the first ``__anext__``)."""
+        ``client_errors``: the engine rejected the request (raised on the first
+        ``__anext__``)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
@@ -223,7 +260,27 @@ class EngineAdapter:
             **sampling,
             output_kind=RequestOutputKind.DELTA if stream else RequestOutputKind.FINAL_ONLY)
         return self.engine.generate({"prompt_token_ids": prompt_token_ids}, params,
-                                    uuid.uuid4().hex, lora_request=lora_request)
+                                    uuid.uuid4().hex, lora_request=lora_request,
+                                    priority=priority)
+
+    async def embed(self, prompt_token_ids: list[int], dimensions: int | None = None,
+                    priority: int = 0) -> list[float]:
+        """One input's embedding (vLLM's embed task). ``client_errors``: the engine rejected
+        the request; RuntimeError: it failed it."""
+        from vllm import PoolingParams
+
+        if not self.ready:
+            raise EngineUnavailable(self.dead_error or "the engine is still loading")
+        final = None
+        async for final in self.engine.encode(
+                {"prompt_token_ids": prompt_token_ids},
+                PoolingParams(task="embed", dimensions=dimensions), uuid.uuid4().hex,
+                priority=priority):
+            pass
+        if final is None or getattr(final, "error", None) is not None:
+            raise RuntimeError(f"the engine returned no embedding: "
+                               f"{getattr(final, 'error', None) or 'no output'}")
+        return final.outputs.data.float().tolist()
 
 
 def _hub_snapshot(model: str):

@@ -27,6 +27,10 @@ OUTPUT_TOKENS = Counter("byo_output_tokens", "Output tokens sent to clients")
 ABORTED = Counter("byo_requests_aborted", "Requests aborted in the engine because the client "
                   "went away")
 ENGINE_READY = Gauge("byo_engine_ready", "1 when the engine serves, 0 while loading or dead")
+ENGINE_INFO = Gauge("byo_engine_info", "1, labelled with what the engine runs as: runner "
+                    "(generate | pooling), scheduling policy (fcfs | priority) and prefix "
+                    "caching (on | off)", ["runner", "scheduling_policy", "prefix_caching"])
+EMBEDDING_INPUTS = Counter("byo_embedding_inputs", "Inputs embedded (one vector each)")
 
 # LoRA adapters (adapters.py), updated once per request or per load/eviction.
 ADAPTER_LOADS = Counter("byo_adapter_loads", "Adapter loads into the engine", ["adapter"])

@@ -1,6 +1,11 @@
 """The HTTP routes: SageMaker's contract (``/ping``, ``/invocations``), OpenAI-compatible
 ``/v1/completions`` and ``/v1/chat/completions`` (so ``vllm bench serve`` measures this
-server directly), ``/v1/models`` and ``/metrics``.
+server directly), ``/v1/embeddings`` (when the engine runs a pooling model), ``/v1/models``
+and ``/metrics``.
+
+``/invocations`` goes by the body: ``messages`` / ``prompt`` / ``inputs`` generate text, and
+``input`` (OpenAI's embeddings body) embeds; on a pooling engine ``inputs`` is Hugging Face's
+feature extraction (TEI's SageMaker shape) and embeds too.
 
 No request can take the server down: every failure becomes a JSON error with a status.
 Everything here runs on the server's one event loop; only a model.py handler (level 4),
@@ -9,14 +14,17 @@ which blocks, runs in a thread.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import time
 from urllib.parse import parse_qs
-from typing import Any, AsyncIterator, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
-from . import metrics
+from options.core.wire import OPENAI_EMBEDDINGS, TGI, UnknownDialect, detect_dialect
+
+from . import embeddings, metrics
 from .asgi import ClientGone, Request, Send, respond, respond_error, respond_json, stream
 from .config import MAX_BODY_BYTES, ServerSettings
 from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, parse_body,
@@ -30,7 +38,8 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 # SageMaker passes InvokeEndpoint's TargetModel in this header.
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 ROUTES_TEXT = ("GET|POST /ping, POST /invocations, POST /v1/completions, POST "
-               "/v1/chat/completions, GET /v1/models, GET /metrics, and with LoRA on GET|POST "
+               "/v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /metrics, and "
+               "with LoRA on GET|POST "
                "/models, GET|DELETE /models/<name>, POST /models/<name>/invoke")
 LORA_OFF = ("this server serves one model: start it with SM_VLLM_ENABLE_LORA=true (or "
             "OPTION_ENABLE_LORA=true) to serve LoRA adapters through /models")
@@ -51,6 +60,7 @@ class Routes:
             "/invocations": {"POST": self.invocations},
             "/v1/completions": {"POST": self.completions},
             "/v1/chat/completions": {"POST": self.chat_completions},
+            "/v1/embeddings": {"POST": self.embeddings},
             "/v1/models": {"GET": self.models},
             "/metrics": {"GET": self.prometheus},
             "/models": {"GET": self.list_models, "POST": self.load_model},
@@ -116,10 +126,34 @@ class Routes:
     async def invocations(self, request: Request, send: Send, extra: list) -> None:
         if self.engine is None:
             await self._invoke_handler(request, send, extra)
-        else:
-            target = request.headers.get(TARGET_MODEL)
-            await self._generate(request, send, extra, None,
-                                 target.decode("latin-1") if target else None)
+            return
+        body = await self._body(request)
+        shape = self._embedding_shape(parse_body(body))
+        if shape is not None:
+            await self._embed(send, extra, body, shape)
+            return
+        target = request.headers.get(TARGET_MODEL)
+        await self._generate(request, send, extra, None,
+                             target.decode("latin-1") if target else None, body)
+
+    def _embedding_shape(self, data: dict[str, Any]) -> str | None:
+        """embeddings.OPENAI or .TEI when an /invocations body asks for embeddings."""
+        try:
+            name = detect_dialect(data)
+        except UnknownDialect:
+            return None                          # parse_request says what is wrong
+        if name == OPENAI_EMBEDDINGS:
+            return embeddings.OPENAI
+        engine = self.engine
+        if name == TGI and engine.ready and engine.runner == "pooling":
+            return embeddings.TEI
+        return None
+
+    async def embeddings(self, request: Request, send: Send, extra: list) -> None:
+        if self.engine is None:
+            raise BadRequest("this server runs a model.py handler: send requests to "
+                             "/invocations", None, 404)
+        await self._embed(send, extra, await self._body(request), embeddings.OPENAI)
 
     async def completions(self, request: Request, send: Send, extra: list) -> None:
         await self._generate(request, send, extra, "completion")
@@ -128,8 +162,13 @@ class Routes:
         await self._generate(request, send, extra, "chat")
 
     async def models(self, request: Request, send: Send, extra: list) -> None:
+        engine = self.engine
         data = [{"id": self.settings.served_model_name, "object": "model", "owned_by": "spectrum",
-                 "max_model_len": self.engine.max_model_len if self.engine else None}]
+                 "max_model_len": engine.max_model_len if engine else None}]
+        if engine is not None and engine.ready:      # what the engine runs as
+            data[0].update(runner=engine.runner, tasks=list(engine.tasks),
+                           scheduling_policy=engine.scheduling_policy,
+                           prefix_caching=engine.prefix_caching)
         adapters = self.engine.adapters if self.engine is not None else None
         if adapters is not None:
             data += [{"id": a.name, "object": "model", "owned_by": "spectrum",
@@ -200,18 +239,86 @@ class Routes:
         body, content_type = metrics.render()
         await respond(send, 200, body, content_type.encode(), extra)
 
+    # -- what the engine can do -------------------------------------------------------------
+    def _ready_engine(self) -> EngineAdapter:
+        engine = self.engine
+        if not engine.ready:
+            raise EngineUnavailable(engine.dead_error or "the model is still loading: retry "
+                                    "when /ping answers 200")
+        return engine
+
+    def _check_priority(self, priority: int, field_name: str) -> None:
+        """A nonzero priority on an engine that would not read it is refused: vLLM 0.32's
+        first-come-first-served scheduler ignores priorities silently."""
+        policy = self.engine.scheduling_policy
+        if priority and policy != "priority":
+            raise BadRequest(
+                f"{field_name}={priority}: this server's engine schedules first come, first "
+                f"served (scheduling policy {policy!r}) and would ignore it; start the server "
+                "with SM_VLLM_SCHEDULING_POLICY=priority to order requests by priority (lower "
+                "runs earlier), or leave priority out (0)", field_name)
+
+    # -- embeddings -------------------------------------------------------------------------
+    async def _embed(self, send: Send, extra: list, body: bytes, shape: str) -> None:
+        req = embeddings.parse_embeddings(parse_body(body), shape)
+        engine = self._ready_engine()
+        if not engine.embeds:
+            fix = ("start it with SM_VLLM_RUNNER=pooling (or serve an embedding model) to "
+                   "answer embeddings, or send a generation request (messages, prompt or "
+                   "inputs)" if engine.runner == "generate" else
+                   "serve a model whose pooler embeds (vLLM's embed task)")
+            raise BadRequest(f"this server's engine runs runner {engine.runner!r} (tasks "
+                             f"{', '.join(engine.tasks)}) and serves no embeddings: {fix}",
+                             req.field)
+        if req.dimensions is not None and not engine.matryoshka:
+            raise BadRequest(f"dimensions={req.dimensions}: this model's embeddings cannot be "
+                             "shortened (it is not a Matryoshka model); leave dimensions out "
+                             "to get its full vectors", "dimensions")
+        self._check_priority(req.priority, "priority")
+        ids = [self._embedding_ids(engine, item, f"{req.field}[{i}]")
+               for i, item in enumerate(req.inputs)]
+        submitted = time.monotonic()
+        metrics.PROMPT_TOKENS.inc(sum(map(len, ids)))
+        with _engine_errors(engine):
+            vectors = await asyncio.gather(*(engine.embed(t, req.dimensions, req.priority)
+                                             for t in ids))
+        metrics.E2E.labels("embeddings").observe(time.monotonic() - submitted)
+        metrics.EMBEDDING_INPUTS.inc(len(vectors))
+        await respond_json(send, embeddings.answer(req, vectors, sum(map(len, ids)),
+                                                   self.settings.served_model_name), 200, extra)
+
+    @staticmethod
+    def _embedding_ids(engine: EngineAdapter, item: str | list[int], where: str) -> list[int]:
+        ids = engine.tokenize(item) if isinstance(item, str) else item
+        if max(ids) >= engine.vocab_size:
+            raise BadRequest(f"{where} holds token id {max(ids)}, outside the model's vocabulary "
+                             f"of {engine.vocab_size} tokens (ids 0..{engine.vocab_size - 1})",
+                             where)
+        if len(ids) > engine.max_model_len:
+            raise BadRequest(f"{where} is {len(ids)} tokens but the model's context "
+                             f"(max_model_len) is {engine.max_model_len}: shorten it", where)
+        return ids
+
     # -- generation -------------------------------------------------------------------------
     async def _generate(self, request: Request, send: Send, extra: list,
-                        dialect: str | None, model: str | None = None) -> None:
+                        dialect: str | None, model: str | None = None,
+                        body: bytes | None = None) -> None:
         engine = self.engine
         if engine is None:
             raise BadRequest("this server runs a model.py handler: send requests to "
                              "/invocations", None, 404)
-        body = await self._body(request)
+        if body is None:
+            body = await self._body(request)
         req = parse_request(body, dialect)
-        if not engine.ready:
-            raise EngineUnavailable(engine.dead_error or "the model is still loading: retry "
-                                    "when /ping answers 200")
+        self._ready_engine()
+        if engine.runner != "generate":
+            raise BadRequest(
+                f"this server's engine runs runner {engine.runner!r} (tasks "
+                f"{', '.join(engine.tasks)}) and generates no text: send embeddings to POST "
+                '/v1/embeddings or /invocations ({"input": ...}), or start the server without '
+                "SM_VLLM_RUNNER=pooling, with a generative model, to generate", "body")
+        self._check_priority(req.priority, "parameters.priority" if req.dialect == TGI
+                             else "priority")
         if engine.adapters is None:
             await self._generate_with(request, send, extra, req, None)
             return
@@ -233,21 +340,15 @@ class Routes:
         if req.details:
             sampling["logprobs"] = 0
         submitted = time.monotonic()
-        try:
+        with _engine_errors(engine):
             outputs = engine.generate(prompt_ids, sampling, req.stream,
-                                      lease.lora_request if lease is not None else None)
-        except ValueError as e:                   # vLLM's own validation of the request
-            raise BadRequest(f"the engine rejected the request: {e}") from None
+                                      lease.lora_request if lease is not None else None,
+                                      req.priority)
         metrics.WAITING.inc()
         metrics.PROMPT_TOKENS.inc(len(prompt_ids))
         try:
-            first = await outputs.__anext__()
-        except ValueError as e:
-            raise BadRequest(f"the engine rejected the request: {e}") from None
-        except Exception as e:
-            if engine.dead_error:
-                raise EngineUnavailable(engine.dead_error) from e
-            raise
+            with _engine_errors(engine):
+                first = await outputs.__anext__()
         finally:
             metrics.WAITING.dec()
         answering = lease.name if lease is not None and lease.name else \
@@ -293,6 +394,20 @@ class Routes:
             await send({"type": "http.response.body", "body": _as_bytes(part),
                         "more_body": True})
         await send({"type": "http.response.body", "body": b""})
+
+
+@contextlib.contextmanager
+def _engine_errors(engine: EngineAdapter) -> Iterator[None]:
+    """Around calls into the engine: its refusal of a request (vLLM's own validation) is a
+    400, and a failure because the engine died a 503."""
+    try:
+        yield
+    except engine.client_errors as e:
+        raise BadRequest(f"the engine rejected the request: {e}") from None
+    except Exception as e:
+        if engine.dead_error:
+            raise EngineUnavailable(engine.dead_error) from e
+        raise
 
 
 def _as_bytes(part: Any) -> bytes:
