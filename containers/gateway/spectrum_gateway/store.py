@@ -28,7 +28,11 @@ from .quota import Decision, MemoryQuota, RedisQuota
 PREFIX = "spectrum"
 KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
 KEY_CACHE_S = 0.5        # a Redis worker trusts a key record this long: revocations land within it
-POOL_CONNECTIONS = 16    # Redis connections per worker
+POOL_CONNECTIONS = 64    # Redis connections per worker
+# How long a request waits for one of them. Every connection busy is load, not a store that is
+# down (that fails at connect, at once): with the command timeout as this wait, a burst of 64
+# streams on two busy workers had 503s "No connection available" while Redis answered.
+POOL_WAIT_S = 10
 UPKEEP_TICK_S = 0.5      # a worker retries its unfinished settles this often while Redis is away
 LEDGER_TRIM_EVERY_S = 60  # each worker trims the ledger to its retention this often
 PENDING_MAX = 100_000    # settles kept for retry while Redis is away (the oldest dropped beyond)
@@ -175,7 +179,7 @@ class RedisStore:
         # dozens at once (each connect racing the connect timeout on a busy event loop).
         pool = aioredis.BlockingConnectionPool.from_url(
             config.store, max_connections=POOL_CONNECTIONS,
-            timeout=config.store_command_timeout_ms / 1000,
+            timeout=max(POOL_WAIT_S, config.store_command_timeout_ms / 1000),
             socket_connect_timeout=config.store_connect_timeout_ms / 1000,
             socket_timeout=config.store_command_timeout_ms / 1000,
             retry=Retry(NoBackoff(), 0), health_check_interval=0)
