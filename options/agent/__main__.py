@@ -150,7 +150,7 @@ def render(doc: dict[str, Any]):
     steps = "; ".join(f"{s['action']}: {s['result'] if s['ran'] else 'skipped, ' + s['why']}" for s in doc["steps"])
     hits = ", ".join(f"{h['passage']} ({h['score']:.2f})" for h in doc["retrieval"]["hits"]) or "none"
     head = Table(show_header=False, box=None)
-    head.add_row("plan", f"{' → '.join(plan['actions'])}  ({plan['source']})")
+    head.add_row("plan", f"{' → '.join(plan['actions'])}  ({_printable(plan['source'])})")
     head.add_row("steps", steps)
     fallback = doc["retrieval"].get("fallback")
     head.add_row("retrieved", f"{hits}  ({doc['retrieval']['method']}"
@@ -167,9 +167,13 @@ def render(doc: dict[str, Any]):
     tail = Table(show_header=False, box=None)
     tail.add_row("wall time", _ms(t["wall_ms"]))
     tail.add_row("cost", doc["cost_basis"])
-    # A random-weight model's answer holds control characters: shown, not sent to the terminal.
-    tail.add_row("answer", "".join(ch if ch.isprintable() or ch == "\n" else "�" for ch in doc["answer"][:600]))
+    tail.add_row("answer", _printable(doc["answer"][:600]))
     return Group(head, calls, tail)
+
+
+def _printable(text: str) -> str:
+    # A random-weight model's text holds control characters: shown, not sent to the terminal.
+    return "".join(ch if ch.isprintable() or ch == "\n" else "�" for ch in text)
 
 
 if __name__ == "__main__":

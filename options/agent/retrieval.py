@@ -127,6 +127,17 @@ class _Batched:
         return Embedded(vectors, tokens if isinstance(tokens, int) else None, e2e_s)
 
 
+def _error_message(raw: bytes) -> str:
+    """What an error answer says: OpenAI's ``{"error": {"message"}}`` when it is that, else its text."""
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        error = json.loads(text).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    return (message if isinstance(message, str) and message else text)[:300]
+
+
 @dataclass(frozen=True)
 class ServedEmbeddings(_Batched):
     """A server's OpenAI embeddings route: ``POST {base}/v1/embeddings {"input": [...]}``."""
@@ -151,7 +162,7 @@ class ServedEmbeddings(_Batched):
             with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
                 raw = resp.read()
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:300].decode("utf-8", "replace").strip()
+            detail = _error_message(exc.read()[:2000])
             if 400 <= exc.code < 500:      # the route is not there, or the model does not pool
                 raise EmbeddingsNotServed(f"{self.endpoint} answered HTTP {exc.code}: {detail}") from None
             raise RuntimeError(f"the rung's embeddings route {self.endpoint} failed: HTTP {exc.code}: "
@@ -190,7 +201,8 @@ class EndpointEmbeddings(_Batched):
             message = exc.response.get("OriginalMessage") or exc.response.get("Error", {}).get("Message", "")
             if exc.response.get("Error", {}).get("Code") == "ModelError" and isinstance(status, int) \
                     and 400 <= status < 500:
-                raise EmbeddingsNotServed(f"{self.endpoint} answered {status}: {message[:300]}") from None
+                raise EmbeddingsNotServed(f"{self.endpoint} answered {status}: "
+                                          f"{_error_message(message.encode())}") from None
             raise
         return self._read(raw, texts, time.perf_counter() - started)
 
