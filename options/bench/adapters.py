@@ -22,7 +22,8 @@ The JSON is a ``spectrum.bench/1`` document with an ``adapters`` object (read by
   round's ratio. ``adapters.ttft_ratio_p50`` and ``adapters.ttft_ratio_p99``: TTFT of the mix /
   of the base, the same way. ``adapters.concurrency``: that concurrency.
 - ``adapters.loads``, ``adapters.evictions``, ``adapters.hits``: totals over every mix run;
-  ``adapters.load_ms_mean``: mean time of one load (fetch, checks, engine) over those loads.
+  ``adapters.load_ms_mean``: mean time of one load over those loads, from its start until the
+  adapter is ready (waiting for a free slot included).
 - ``adapters.requests_per_adapter``: requests each adapter gets in one mix run (sums to
   ``adapters.requests``); ``adapters.names``, ``adapters.mix``, ``adapters.rounds``.
 - ``adapters.cold_burst``: ``{adapter, requests, loads, ttft_ms, warm_ttft_ms}`` (TTFT as
