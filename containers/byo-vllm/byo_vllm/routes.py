@@ -280,8 +280,13 @@ class Routes:
         submitted = time.monotonic()
         metrics.PROMPT_TOKENS.inc(sum(map(len, ids)))
         with _engine_errors(engine):
+            # Every input at once, so vLLM batches them; all of them end before the answer
+            # (or the first failure) goes out, so none is left running unawaited.
             vectors = await asyncio.gather(*(engine.embed(t, req.dimensions, req.priority)
-                                             for t in ids))
+                                             for t in ids), return_exceptions=True)
+            failed = next((v for v in vectors if isinstance(v, BaseException)), None)
+            if failed is not None:
+                raise failed
         metrics.E2E.labels("embeddings").observe(time.monotonic() - submitted)
         metrics.EMBEDDING_INPUTS.inc(len(vectors))
         await respond_json(send, embeddings.answer(req, vectors, sum(map(len, ids)),
