@@ -28,6 +28,11 @@ SERVE_SCRIPT = REPO_ROOT / "containers" / "byo-vllm" / "serve"
 DEFAULT_CPU_KVCACHE_GIB = "1"
 
 
+# How long a server may take to answer /ping 200: an engine start is 20-100 s on 2 idle cores,
+# and was seen past 300 s on a machine loaded 4-5 times over.
+READY_TIMEOUT_S = 600.0
+
+
 class ServerFailed(RuntimeError):
     """The server exited or never became ready; the message carries the end of its log."""
 
@@ -83,7 +88,7 @@ class LocalServer:
         except (urllib.error.URLError, OSError):
             return "down"
 
-    def wait_ready(self, timeout_s: float = 300.0,
+    def wait_ready(self, timeout_s: float = READY_TIMEOUT_S,
                    on_progress: Callable[[float, str], None] | None = None) -> None:
         """Polls /ping until 200; ServerFailed if the server exits or time runs out."""
         started = time.monotonic()

@@ -232,7 +232,7 @@ def test_programs_on_the_real_server_hit_the_prefix_cache(tiny_model, tmp_path):
 
     env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": "1024", "SM_VLLM_ENFORCE_EAGER": ""}
     with LocalServer(env, log_path=tmp_path / "server.log") as server:
-        server.wait_ready(300)
+        server.wait_ready()
         out = tmp_path / "agent.json"
         done = _cli("--url", server.url, "--level", "5", "--programs", "8", "--steps", "3",
                     "--think-ms", "50", "--concurrency", "4", "--system-tokens", "128",

@@ -27,7 +27,7 @@ def server_url(tiny_model, tmp_path_factory):
     env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
            "SM_VLLM_ENFORCE_EAGER": ""}
     with LocalServer(env, log_path=log) as server:
-        server.wait_ready(300)
+        server.wait_ready()
         yield server.url
 
 

@@ -67,7 +67,7 @@ def lora_server(tiny_model, tmp_path_factory, s3_endpoint):
     }, log_path=log)
     server.start()
     try:
-        server.wait_ready(300)
+        server.wait_ready()
         started = StartedServer(server, [], log)
         started.model, started.extra = model, extra
         yield started

@@ -30,7 +30,7 @@ def test_ping_503_and_requests_503_after_the_engine_died(tiny_model, tmp_path):
     server = LocalServer(server_env(tiny_model), log_path=tmp_path / "server.log")
     server.start()
     try:
-        server.wait_ready(300)
+        server.wait_ready()
         assert _ping(server.url) == 200
         engines = _engine_processes(server)
         assert engines, "no VLLM::EngineCore process under the server"

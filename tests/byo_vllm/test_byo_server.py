@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
+from conftest import GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
 
 pytestmark = pytest.mark.engine
 
@@ -462,7 +462,7 @@ def test_sigterm_finishes_requests_in_flight_then_exits_0(byo_server):
         time.sleep(0.5)
         with pytest.raises((requests.ConnectionError, requests.Timeout)):   # no new work
             requests.get(byo_server.url + "/ping", timeout=2)
-        results = [f.result(timeout=60) for f in futures]
+        results = [f.result(timeout=GRACEFUL_TIMEOUT_S) for f in futures]
     for status, events in results:
         assert status == 200
         assert len(events) == max_tokens

@@ -15,12 +15,11 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pytest
 import requests
 
-from options.local_server import REPO_ROOT, free_port
+from options.local_server import READY_TIMEOUT_S, REPO_ROOT, free_port
 
 pytestmark = pytest.mark.container
 
@@ -29,7 +28,6 @@ BUILD_SCRIPT = IMAGE_DIR / "build"
 CONTAINERS_CONF = IMAGE_DIR / "podman" / "containers.conf"
 IMAGE_TAG = "spectrum-byo-vllm:cpu"
 BUILD_TIMEOUT_S = 45 * 60          # a cold build on a slow, shared machine; warm: seconds
-READY_TIMEOUT_S = 300
 FIRST_ANSWER_WITHIN_S = 20
 # Secrets a user passes to the container: their values must never reach the log.
 # SM_VLLM_HF_TOKEN is an engine argument (vLLM's --hf-token), so it is in the logged config.

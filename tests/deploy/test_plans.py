@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -147,18 +146,28 @@ def _cli(*argv, timeout=120):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def test_plan_json_shape_and_start_up_time():
-    best = None
-    for _ in range(3):  # the best of three: the machine is shared and noisy
-        started = time.perf_counter()
-        done = _cli("--level", "3", "--plan", "--json")
-        elapsed = time.perf_counter() - started
-        best = elapsed if best is None else min(best, elapsed)
-        assert done.returncode == 0, done.stderr
-    doc = json.loads(done.stdout)
+# What made `--plan` take seconds instead of a fraction of one: none of it may load for a plan.
+HEAVY_MODULES = ("torch", "vllm", "transformers", "sagemaker", "matplotlib", "moto", "numpy",
+                 "boto3", "botocore", "kubernetes")
+
+
+def test_plan_json_shape_and_that_it_loads_nothing_heavy():
+    """Start-up speed checked by what is imported, not by a clock on a shared machine."""
+    probe = ("import contextlib, io, json, sys\n"
+             "from options.deploy import main\n"
+             "out = io.StringIO()\n"
+             "with contextlib.redirect_stdout(out):\n"
+             "    code = main(['--level', '3', '--plan', '--json'])\n"
+             f"heavy = [m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
+             "print(json.dumps({'code': code, 'heavy': heavy, 'plan': json.loads(out.getvalue())}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["code"] == 0 and result["heavy"] == []
+    doc = result["plan"]
     assert set(doc) >= {"level", "steps", "cost"} and doc["level"] == 3
     assert [s["operation"] for s in doc["steps"]] == ["CreateModel", "CreateEndpointConfig", "CreateEndpoint"]
-    assert best < 2.0, f"--plan took {best:.2f} s"
 
 
 def test_local_level2_prints_plan_and_says_it_needs_the_cloud():
