@@ -41,3 +41,16 @@ def test_a_value_outside_the_choices_is_named_with_the_choices(tiny_model):
     with pytest.raises(ConfigError) as e:
         engine_argv(settings, engine_parser())
     assert "SM_VLLM_MAX_LORA_RANK='7'" in str(e.value) and "8, 16" in str(e.value)
+
+
+@pytest.mark.parametrize("prefix", ["SM_VLLM_", "OPTION_"])
+def test_lora_is_on_by_configuration_in_both_spellings(tiny_model, prefix):
+    settings = settings_from_env({"HF_MODEL_ID": str(tiny_model), prefix + "ENABLE_LORA": "true",
+                                  prefix + "MAX_LORAS": "2", prefix + "MAX_CPU_LORAS": "4",
+                                  prefix + "MAX_LORA_RANK": "16"})
+    argv = engine_argv(settings, engine_parser())
+    assert "--enable-lora" in argv
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"
+    assert argv[argv.index("--max-cpu-loras") + 1] == "4"
+    # The engine's GPU slots hold every adapter the server keeps loaded (see adapters.py).
+    assert int(argv[argv.index("--max-loras") + 1]) >= 2
