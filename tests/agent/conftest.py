@@ -6,12 +6,12 @@ for a model that does not pool, or OpenAI embeddings (a count of a few words per
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from standin_http import serving, stream_completion
 
-from options.contract import OpenAICompletions, StreamEvent, Usage, sse_stream
+from options.contract import OpenAICompletions
 
 
 VOCABULARY = ("level", "lmi", "batch", "tensor", "bedrock", "token", "configure", "image")
@@ -66,13 +66,8 @@ class ScriptedRung(BaseHTTPRequestHandler):
         ScriptedRung.prompts.append(req.prompt)
         text = ScriptedRung.plan if req.prompt.rstrip().endswith("Plan:") else ScriptedRung.answer
         words = text.split(" ")
-        events = [StreamEvent("text", text=w + (" " if i < len(words) - 1 else "")) for i, w in enumerate(words)]
-        events.append(StreamEvent("usage", usage=Usage(len(req.prompt.split()), len(words))))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for chunk in sse_stream(events, "openai-completions"):
-            self.wfile.write(chunk)
+        stream_completion(self, [w + (" " if i < len(words) - 1 else "") for i, w in enumerate(words)],
+                          len(req.prompt.split()))
 
 
 @pytest.fixture
@@ -80,10 +75,8 @@ def scripted_rung():
     ScriptedRung.plan, ScriptedRung.prompts = "retrieve, summarize, analyze", []
     ScriptedRung.embeddings, ScriptedRung.embedded, ScriptedRung.fail_from = "404", [], None
     ScriptedRung.answer = "The rolling batch size and the tensor parallel degree."
-    server = ThreadingHTTPServer(("127.0.0.1", 0), ScriptedRung)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield ScriptedRung, f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    with serving(ScriptedRung) as url:
+        yield ScriptedRung, url
 
 
 @pytest.fixture

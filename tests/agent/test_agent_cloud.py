@@ -126,24 +126,14 @@ def test_the_emulator_with_no_answer_queued_says_how_to_queue_one(emulator_url, 
 # --- Bedrock through botocore ----------------------------------------------------------------------
 
 @pytest.fixture
-def default_session(monkeypatch):
-    """boto3's default session (the one Target's clients come from) with test credentials;
-    ``register(event, handler)`` hooks every client it makes, until the test ends."""
-    import boto3
-
+def default_session(monkeypatch, botocore_events):
+    """boto3's default session with test credentials; ``register(event, handler)`` hooks every
+    client it makes, until the test ends."""
     for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("AWS_PROFILE", raising=False)
-    boto3.setup_default_session()
-    registered = []
-
-    def register(event, handler):
-        boto3.DEFAULT_SESSION.events.register(event, handler)
-        registered.append((event, handler))
-    yield register
-    for event, handler in registered:
-        boto3.DEFAULT_SESSION.events.unregister(event, handler)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)   # clients read these when they are made
+    return botocore_events
 
 
 def _event_stream_response(request, messages: list[bytes]):

@@ -16,14 +16,15 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from standin_http import serving, stream_completion
 
 from options.bench import adapters, priority
 from options.bench.__main__ import main as bench_main
 from options.bench.adapters import Mix, parse_adapters, parse_mix
-from options.contract import OpenAICompletions, StreamEvent, Usage, sse_stream
+from options.contract import OpenAICompletions
 from options.core import BadInput
 
 SLOTS = 2
@@ -169,23 +170,15 @@ class StandIn(BaseHTTPRequestHandler):
                 cls.resident.append(name)
                 if len(cls.resident) > SLOTS:
                     cls.evictions[cls.resident.pop(0)] += 1
-        events = [StreamEvent("text", text=f"w{i} ") for i in range(req.max_tokens)]
-        events.append(StreamEvent("usage", usage=Usage(len(req.prompt.split()), req.max_tokens)))
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.end_headers()
-        for chunk in sse_stream(events, "openai-completions"):
-            self.wfile.write(chunk)
+        stream_completion(self, [f"w{i} " for i in range(req.max_tokens)], len(req.prompt.split()))
 
 
 @pytest.fixture
 def standin_url():
     StandIn.bodies, StandIn.resident = [], []
     StandIn.loads, StandIn.evictions = Counter(), Counter()
-    server = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
+    with serving(StandIn) as url:
+        yield url
 
 
 def _cli(*args, timeout=120, env=None):

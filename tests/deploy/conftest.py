@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import urllib.request
 
-import boto3
 import pytest
 
 from options.aws import Target, emulator
@@ -21,20 +20,6 @@ def target(emulator_url, monkeypatch, tmp_path):
     monkeypatch.setenv("SPECTRUM_CACHE", str(tmp_path / "cache"))
     urllib.request.urlopen(urllib.request.Request(emulator_url + "/moto-api/reset", method="POST")).read()
     return Target("emulator", "us-east-1", emulator_url)
-
-
-@pytest.fixture
-def botocore_events():
-    """Handlers registered on boto3's default session reach every client Target makes."""
-    boto3.setup_default_session()
-    registered = []
-
-    def register(event, handler):
-        boto3.DEFAULT_SESSION.events.register(event, handler)
-        registered.append((event, handler))
-    yield register
-    for event, handler in registered:
-        boto3.DEFAULT_SESSION.events.unregister(event, handler)
 
 
 @pytest.fixture
