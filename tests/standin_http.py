@@ -10,6 +10,15 @@ from typing import Iterator
 from options.contract import StreamEvent, Usage, sse_stream
 
 
+# Words the agent tests' documents and questions use: enough for a scripted embedding to rank them.
+VOCABULARY = ("level", "lmi", "batch", "tensor", "bedrock", "token", "configure", "image")
+
+
+def keyword_vector(text: str) -> list[float]:
+    """A scripted embedding: how often each vocabulary word occurs in ``text``."""
+    return [float(text.lower().count(w)) for w in VOCABULARY]
+
+
 def stream_completion(handler: BaseHTTPRequestHandler, words: list[str], input_tokens: int) -> None:
     """Answer with ``words`` as an OpenAI completions stream, usage last."""
     events = [StreamEvent("text", text=w) for w in words]

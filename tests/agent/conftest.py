@@ -9,17 +9,9 @@ import json
 from http.server import BaseHTTPRequestHandler
 
 import pytest
-from standin_http import serving, stream_completion
+from standin_http import keyword_vector, serving, stream_completion
 
 from options.contract import OpenAICompletions
-
-
-VOCABULARY = ("level", "lmi", "batch", "tensor", "bedrock", "token", "configure", "image")
-
-
-def keyword_vector(text: str) -> list[float]:
-    """A scripted embedding: how often each of a few words occurs (enough to rank the docs)."""
-    return [float(text.lower().count(w)) for w in VOCABULARY]
 
 
 class ScriptedRung(BaseHTTPRequestHandler):

@@ -251,7 +251,7 @@ def _byo_endpoint(default_session, embeddings: str):
     answered with vectors (``embeddings == "served"``) or, as SageMaker passes on the server's 400
     for a model that does not pool, a ModelError; generation streams the plan, then an answer."""
     from botocore.awsrequest import AWSResponse
-    from conftest import keyword_vector
+    from standin_http import keyword_vector
 
     from options.contract import StreamEvent, Usage, sse_stream
 
