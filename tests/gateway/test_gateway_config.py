@@ -109,3 +109,16 @@ def test_redis_store_url_is_accepted(tmp_path):
     config = load_config(write(tmp_path, GOOD.replace("store: memory", "store: redis://127.0.0.1:6379/0")))
     assert config.uses_redis and config.store == "redis://127.0.0.1:6379/0"
     assert yaml.safe_load(GOOD)["models"]["chat"]["fallback"] == ["managed"]
+
+
+def test_a_redis_password_never_shows_in_the_store_name(tmp_path):
+    """/readyz, 503 errors and the start-up line name the store: never with its password."""
+    from spectrum_gateway.store import RedisStore
+    text = GOOD.replace("store: memory", "store: redis://:s3cret-pw@redis.internal:6379/2")
+    config = load_config(write(tmp_path, text))
+    assert config.store_name == "redis://:***@redis.internal:6379/2"
+    assert RedisStore(config).name == config.store_name          # no connection made yet
+    text = GOOD.replace("store: memory", "store: rediss://gateway:pw@redis.internal:6380")
+    assert load_config(write(tmp_path, text)).store_name == "rediss://gateway:***@redis.internal:6380"
+    assert load_config(write(tmp_path, GOOD.replace("store: memory", "store: redis://h:1/0"))
+                       ).store_name == "redis://h:1/0"

@@ -134,6 +134,11 @@ class GatewayConfig:
     def uses_redis(self) -> bool:
         return self.store.startswith(("redis://", "rediss://"))
 
+    @property
+    def store_name(self) -> str:
+        """The store as logs, errors and /readyz show it: a Redis password masked."""
+        return re.sub(r"^(rediss?://[^:@/]*:)[^@/]*@", r"\1***@", self.store)
+
     def tenant(self, name: str) -> TenantLimits | None:
         """The tenant's limits; tenants not listed get ``default``'s, under their own name."""
         if name in self.tenants:

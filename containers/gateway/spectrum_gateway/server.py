@@ -33,7 +33,7 @@ def run(config_path: str, host: str, port: int, workers: int, log_level: str = "
     if PACKAGE_PARENT not in sys.path:
         sys.path.insert(0, PACKAGE_PARENT)
     print(f"spectrum gateway on http://{host}:{port} ({workers} worker"
-          f"{'s' if workers > 1 else ''}, store {config.store})", file=sys.stderr, flush=True)
+          f"{'s' if workers > 1 else ''}, store {config.store_name})", file=sys.stderr, flush=True)
     if workers == 1:
         import uvicorn
         uvicorn.run("spectrum_gateway.app:create_app", factory=True, host=host, port=port,

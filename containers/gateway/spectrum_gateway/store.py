@@ -173,7 +173,7 @@ class RedisStore:
         from redis.backoff import NoBackoff
         from redis.retry import Retry
         self.config = config
-        self.name = config.store
+        self.name = config.store_name
         # No retries with backoff: an unreachable store must answer 503 within the timeout.
         # A bounded pool: a burst of requests waits for a warm connection instead of opening
         # dozens at once (each connect racing the connect timeout on a busy event loop).
