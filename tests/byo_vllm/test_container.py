@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 import pytest
 import requests
 
+from images import podman
 from options.local_server import READY_TIMEOUT_S, REPO_ROOT, free_port
 
 pytestmark = pytest.mark.container
 
 IMAGE_DIR = REPO_ROOT / "containers" / "byo-vllm"
 BUILD_SCRIPT = IMAGE_DIR / "build"
-CONTAINERS_CONF = IMAGE_DIR / "podman" / "containers.conf"
 IMAGE_TAG = "spectrum-byo-vllm:cpu"
 BUILD_TIMEOUT_S = 45 * 60          # a cold build on a slow, shared machine; warm: seconds
 FIRST_ANSWER_WITHIN_S = 20
@@ -35,19 +35,6 @@ SECRETS = {"HF_TOKEN": "hf_spectrumContainerTest0aX9", "SM_VLLM_HF_TOKEN": "hf_s
            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnSpectrumTestSecretKey4Rk8"}
 STREAMS_AT_STOP = 8
 STREAM_TOKENS = 512
-
-
-def podman_env() -> dict[str, str]:
-    return {**os.environ, "CONTAINERS_CONF": str(CONTAINERS_CONF)}
-
-
-def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
-    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout,
-                          env=podman_env())
-    if check and done.returncode != 0:
-        raise AssertionError(f"podman {' '.join(args)} exited {done.returncode}: "
-                             f"{done.stderr.strip()[-2000:]}")
-    return done
 
 
 @dataclass
