@@ -80,3 +80,24 @@ def test_concurrency_and_budget(quota):
 
 def test_reset_format():
     assert [duration(ms) for ms in (250, 1500, 60_000, 61_500)] == ["250ms", "1.5s", "1m0s", "1m1.5s"]
+
+
+def test_the_month_turns_at_midnight_utc_and_follows_a_clock_set_back(monkeypatch):
+    """The budget's month is worked out once a month: the cached answer must still change at
+    the first instant of the next month, count down to it, and follow a clock set back."""
+    from datetime import datetime, timezone
+
+    from spectrum_gateway import quota
+    def at(*when) -> float:
+        return datetime(*when, tzinfo=timezone.utc).timestamp()
+    clock = [at(2026, 11, 30, 23, 59, 59, 500000)]
+    monkeypatch.setattr(quota.time, "time", lambda: clock[0])
+    assert quota.month_now() == ("2026-11", 500)
+    clock[0] = at(2026, 12, 1, 0, 0, 0, 250000)
+    assert quota.month_now() == ("2026-12", 31 * 86_400_000 - 250)
+    clock[0] = at(2026, 12, 31, 23, 59, 59)
+    assert quota.month_now() == ("2026-12", 1000)
+    clock[0] = at(2027, 1, 1)
+    assert quota.month_now() == ("2027-01", 31 * 86_400_000)
+    clock[0] = at(2026, 11, 15)                              # set back: recomputed, not cached
+    assert quota.month_now() == ("2026-11", 16 * 86_400_000)

@@ -86,11 +86,22 @@ def duration(ms: int) -> str:
     return f"{int(minutes)}m{seconds:.3g}s" if minutes else f"{seconds:.3g}s"
 
 
+_month = ("", 0.0, 0.0)   # this month, its first and the next month's first instant (epoch s)
+
+
 def month_now() -> tuple[str, int]:
-    """This month as ``YYYY-MM`` and the milliseconds until the next one starts (UTC)."""
-    now = datetime.now(timezone.utc)
-    nxt = datetime(now.year + (now.month == 12), now.month % 12 + 1, 1, tzinfo=timezone.utc)
-    return now.strftime("%Y-%m"), int((nxt - now).total_seconds() * 1000)
+    """This month as ``YYYY-MM`` and the milliseconds until the next one starts (UTC).
+    Worked out once a month, not per request: datetime arithmetic was ~4 % of a request's CPU."""
+    global _month
+    now = time.time()
+    name, starts, next_starts = _month
+    if not starts <= now < next_starts:           # a new month (or the clock was set back)
+        today = datetime.fromtimestamp(now, timezone.utc)
+        first = datetime(today.year, today.month, 1, tzinfo=timezone.utc)
+        nxt = datetime(today.year + (today.month == 12), today.month % 12 + 1, 1,
+                       tzinfo=timezone.utc)
+        _month = name, starts, next_starts = today.strftime("%Y-%m"), first.timestamp(), nxt.timestamp()
+    return name, int((next_starts - now) * 1000)
 
 
 def _limit(value) -> int:

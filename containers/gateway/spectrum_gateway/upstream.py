@@ -50,25 +50,39 @@ class HttpResponse:
         self.headers = response.headers
         self.on_close = None         # called once when closed (a replica's in-flight count)
 
-    async def _guard(self, awaitable):
+    @staticmethod
+    def _broken(e: Exception) -> StreamBroken | None:
+        """aiohttp's failure while reading, as this module's; None for anything else."""
         import aiohttp
-        try:
-            return await awaitable
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise StreamTimeout(f"no bytes for the read timeout ({type(e).__name__})") from None
-        except aiohttp.ClientError as e:
-            raise StreamBroken(f"{type(e).__name__}: {e}") from None
+        if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
+            return StreamTimeout(f"no bytes for the read timeout ({type(e).__name__})")
+        if isinstance(e, aiohttp.ClientError):
+            return StreamBroken(f"{type(e).__name__}: {e}")
+        return None
 
     async def aread(self) -> bytes:
-        return await self._guard(self._response.read())
+        try:
+            return await self._response.read()
+        except Exception as e:
+            broken = self._broken(e)
+            if broken is None:
+                raise
+            raise broken from None
 
     async def aiter_raw(self):
+        """The body's bytes as they arrive (one try around the loop: not one per chunk)."""
         content = self._response.content
-        while True:
-            chunk = await self._guard(content.readany())
-            if not chunk:
-                return
-            yield chunk
+        try:
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    return
+                yield chunk
+        except Exception as e:
+            broken = self._broken(e)
+            if broken is None:
+                raise
+            raise broken from None
 
     async def aclose(self) -> None:
         if self._response.content.at_eof():
