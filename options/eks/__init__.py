@@ -75,10 +75,11 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="GPU node capacity (default on-demand)")
     g.add_argument("--out", metavar="DIR",
                    help="folder for the rendered files (default ./out/eks-<name>)")
-    _add_once(g, "--adapter", action="append", default=[], metavar="NAME=s3://BUCKET/PREFIX",
-              help="a LoRA adapter (peft files) to serve on the base model, repeatable; clients "
-                   "send NAME as the model. The pods fetch it at start (an init container with "
-                   "the pod's identity), e.g. --adapter support=s3://my-bucket/adapters/support")
+    g.add_argument("--adapter", action="append", default=[], metavar="NAME=s3://BUCKET/PREFIX",
+                   help="a LoRA adapter (peft files) to serve on the base model, repeatable; "
+                        "clients send NAME as the model. The pods fetch it at start (an init "
+                        "container with the pod's identity), e.g. "
+                        "--adapter support=s3://my-bucket/adapters/support")
     g.add_argument("--max-loras", type=int, metavar="N",
                    help="adapters in one batch per replica (default: the adapter count, at most 4)")
     g.add_argument("--max-lora-rank", type=int, metavar="R",
@@ -88,21 +89,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     g.add_argument("--no-prefix-caching", dest="prefix_caching", action="store_false",
                    default=True, help="turn off vLLM's automatic prefix caching (on by default: "
                                       "agent programs resend a growing prefix)")
-    _add_once(g, "--gateway", action="store_true",
-              help="put the API gateway (containers/gateway) with Redis in front of the servers: "
-                   "keys, tenants, quotas, metered usage; only the gateway reaches the servers")
+    # --gateway itself is one of the CLI's shared flags (options/deploy.py).
     g.add_argument("--gateway-image", metavar="URI",
                    help="registry URI of the gateway image, pinned by tag or digest (default: "
                         "the local build tag spectrum-gateway:0.1.0)")
     g.add_argument("--gateway-replicas", type=int, metavar="N",
                    help="gateway pods (default 2), e.g. 3")
-
-
-def _add_once(group: argparse._ArgumentGroup, flag: str, **kwargs) -> None:
-    """Adds a flag unless the CLI's shared flags already define it (other rungs take --adapter
-    and --gateway too; level 6 reads the same dest)."""
-    if flag not in group._option_string_actions:
-        group.add_argument(flag, **kwargs)
 
 
 def _as_list(value) -> list[str]:
