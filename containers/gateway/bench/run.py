@@ -25,6 +25,11 @@ between contenders means something only where it is wider than those ranges.
 
 (``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts.)
 
+Two baselines say what the goals can be measured against: ``floor`` (``floor_relay.py``, the
+gateway's own stack, uvicorn + aiohttp, passing bytes on and checking nothing: what any gateway
+on this stack costs at least) and ``nginx`` (a proxy written in C, ``proxy_buffering off``,
+checking nothing; needs ``nginx`` installed).
+
 LiteLLM's proxy runs from an environment of its own (``--litellm-venv``, made on first use with
 ``pip install 'litellm[proxy]==1.108.7'``; ``--no-litellm`` leaves it out), one worker, its
 master key as the clients' key (its other keys need a database).
@@ -63,8 +68,12 @@ UPSTREAM_NAME = "fake"
 MODEL = "chat"
 PROMPT = [{"role": "user", "content": "say something about the price of a GPU hour"}]
 START_TIMEOUT_S = 180
-LABELS = {"direct": "direct (no proxy)", "gateway": "this gateway, 1 worker, store: memory",
+LABELS = {"direct": "direct (no proxy)",
+          "nginx": "nginx, 1 worker process, proxy_buffering off: a C proxy, nothing checked",
+          "floor": "floor_relay.py: uvicorn + aiohttp passing bytes on, nothing checked",
+          "gateway": "this gateway, 1 worker, store: memory",
           "gateway-redis": "this gateway, store: redis", "litellm": "LiteLLM proxy 1.108.7, 1 worker"}
+FLOOR_RELAY = HERE / "floor_relay.py"
 
 
 # -- processes --------------------------------------------------------------------------------
@@ -182,6 +191,54 @@ def start_gateway(name: str, upstream: Process, log_dir: Path, store: str,
                       "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
                       "--log-level", "warning"], port, "/readyz", log_dir)
     return gw, json.loads(created.stdout)["key"]
+
+
+def start_floor(upstream: Process, log_dir: Path) -> Process:
+    """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, aiohttp) with
+    nothing of the gateway in it."""
+    port = free_port()
+    return start("floor", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
+                           "floor_relay:app", "--host", "127.0.0.1", "--port", str(port),
+                           "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
+                           "--no-access-log"], port, "/", log_dir,
+                 env={"SPECTRUM_FLOOR_UPSTREAM": f"{upstream.url}/u/{UPSTREAM_NAME}/v1"})
+
+
+def start_nginx(upstream: Process, log_dir: Path) -> Process:
+    """nginx as a plain streaming reverse proxy: what a proxy written in C costs per token."""
+    binary = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
+    if binary is None:
+        raise SystemExit("the nginx contender needs nginx (Debian: apt-get install nginx)")
+    port = free_port()
+    folder = log_dir / "nginx"
+    folder.mkdir(exist_ok=True)
+    upstream_port = upstream.url.rsplit(":", 1)[1]
+    (folder / "nginx.conf").write_text(f"""
+daemon off;
+master_process on;
+worker_processes 1;
+pid {folder}/nginx.pid;
+error_log {folder}/error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {folder}/body;
+  proxy_temp_path {folder}/proxy;
+  upstream fake {{ server 127.0.0.1:{upstream_port}; keepalive 256; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location = /health {{ return 200 "ok"; }}
+    location /v1/ {{
+      proxy_pass http://fake/u/{UPSTREAM_NAME}/v1/;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+    }}
+  }}
+}}
+""")
+    return start("nginx", [binary, "-c", str(folder / "nginx.conf"), "-p", str(folder)], port,
+                 "/health", log_dir)
 
 
 def litellm_python(venv: Path) -> Path:
@@ -416,7 +473,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--contenders", default="direct,gateway",
-                        help="from direct, gateway, gateway-redis (litellm: --litellm)")
+                        help="from direct, nginx, floor, gateway, gateway-redis (litellm: --litellm)")
     parser.add_argument("--litellm", action=argparse.BooleanOptionalAction, default=True,
                         help="also LiteLLM's proxy (its environment is made on first use)")
     parser.add_argument("--litellm-venv", default=str(REPO / ".venv-litellm"))
@@ -440,8 +497,8 @@ def main() -> int:
     unknown = set(names) - set(LABELS) - {"litellm"}
     if unknown or "direct" not in names:
         parser.error(f"--contenders: {sorted(unknown) or 'direct is missing'}; choose from "
-                     "direct (required: the others are measured against it), gateway, "
-                     "gateway-redis")
+                     "direct (required: the others are measured against it), nginx, floor, "
+                     "gateway, gateway-redis")
     if args.litellm and "litellm" not in names:
         names.append("litellm")
     concurrencies = [int(c) for c in args.concurrency.split(",")]
@@ -464,6 +521,10 @@ def main() -> int:
             if name == "direct":
                 contenders.append(Contender(name, f"{upstream.url}/u/{UPSTREAM_NAME}/v1", None,
                                             None))
+            elif name in ("floor", "nginx"):
+                proxy = (start_floor if name == "floor" else start_nginx)(upstream, log_dir)
+                started.append(proxy)
+                contenders.append(Contender(name, proxy.url + "/v1", None, proxy))
             elif name == "gateway":
                 gw, key = start_gateway(name, upstream, log_dir, "memory", 1)
                 started.append(gw)

@@ -1,0 +1,58 @@
+"""The bench's floor: the least a relay on the gateway's own stack can do (uvicorn with uvloop
+and httptools, aiohttp to the upstream, raw ASGI). No key, no quota, no routing, no meter, no
+JSON parsing: the body is passed on and the answer's bytes come back as they arrive. What it
+costs per token and per request is what any gateway on this stack costs at least.
+
+    SPECTRUM_FLOOR_UPSTREAM=http://127.0.0.1:PORT/u/fake/v1 \\
+        python -m uvicorn --app-dir containers/gateway/bench floor_relay:app --port 8001
+"""
+from __future__ import annotations
+
+import os
+
+UPSTREAM = os.environ.get("SPECTRUM_FLOOR_UPSTREAM", "")
+_session = None
+
+
+def session():
+    global _session
+    if _session is None:        # made inside the event loop that uses it
+        import aiohttp
+        _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
+                                         auto_decompress=False)
+    return _session
+
+
+async def _lifespan(receive, send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            if _session is not None:
+                await _session.close()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+
+async def app(scope, receive, send) -> None:
+    if scope["type"] == "lifespan":
+        return await _lifespan(receive, send)
+    if scope["method"] != "POST":           # the bench's start-up check
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+        return
+    body = b""
+    while True:
+        message = await receive()
+        body += message.get("body", b"")
+        if not message.get("more_body"):
+            break
+    path = scope["path"].removeprefix("/v1")
+    async with session().post(UPSTREAM + path, data=body,
+                              headers={"content-type": "application/json"}) as answer:
+        await send({"type": "http.response.start", "status": answer.status, "headers": [
+            (b"content-type", answer.headers.get("content-type", "application/json").encode())]})
+        async for chunk in answer.content.iter_any():
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})

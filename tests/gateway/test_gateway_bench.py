@@ -1,0 +1,40 @@
+"""The gateway's benchmark runs end to end and reports what its README table is made of:
+a tiny run (one round, two concurrent clients, few streams) of the direct path, the floor
+relay and the gateway. Figures are not judged here (a benchmark is read, not timed in tests);
+what is checked is that every contender served every stream whole and was measured."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from gateway_harness import GATEWAY_DIR
+
+BENCH = GATEWAY_DIR / "bench" / "run.py"
+
+
+def test_a_tiny_run_measures_every_contender_and_loses_no_stream(tmp_path):
+    out = tmp_path / "results.json"
+    done = subprocess.run(
+        [sys.executable, str(BENCH), "--rounds", "1", "--concurrency", "2",
+         "--contenders", "direct,floor,gateway", "--no-litellm", "--min-streams", "4",
+         "--streams-per-user", "2", "--max-tokens", "16", "--whole-requests", "20",
+         "--whole-concurrency", "2",
+         "--json", str(out), "--log-dir", str(tmp_path / "logs")],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    results = json.loads(out.read_text())
+    summary = {(s["mode"], s["contender"]): s for s in results["summary"]}
+    assert set(summary) == {(m, c) for m in ("stream", "whole")
+                            for c in ("direct", "floor", "gateway")}
+    for (mode, name), s in summary.items():
+        assert s["lost"] == 0, (mode, name, results["rows"])
+        assert s["requests"] == (20 if mode == "whole" else 4)
+        if name != "direct":
+            key = "proxy_cpu_ms_per_request" if mode == "whole" else "proxy_cpu_ms_per_token"
+            assert s[key]["median"] > 0, (mode, name, s)
+    for row in results["rows"]:
+        if row["mode"] == "stream":
+            assert row["tokens"] == 4 * 16 and row["ttft_ms_p50"] > 0
+    # The table printed is the one the README shows: a row per contender and mode.
+    assert done.stdout.count("| 2 | floor |") == 2 and done.stdout.count("| 2 | gateway |") == 2
