@@ -3,17 +3,20 @@ labels, hadolint) and podman run with the project's containers.conf. Shared by t
 image's and the gateway image's tests."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
-CONTAINERS_CONF = Path(__file__).resolve().parents[1] / "containers" / "podman" / "containers.conf"
+REPO = Path(__file__).resolve().parents[1]
+CONTAINERS_CONF = REPO / "containers" / "podman" / "containers.conf"
 
 
 def podman_env() -> dict[str, str]:
@@ -28,6 +31,32 @@ def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.C
                              f"{done.stderr.strip()[-2000:]}")
     return done
 
+
+
+def build_image(script: Path, *args: str, timeout_s: float) -> str:
+    """Runs an image's ``build`` script with podman; returns the tag it printed last."""
+    if shutil.which("podman") is None:
+        pytest.fail("podman is not installed: `bash tests/run.sh` installs it (Debian: "
+                    "apt-get install podman runc debootstrap); the container tests need it")
+    started = time.monotonic()
+    # podman builds it where podman runs it, even beside a docker daemon.
+    done = subprocess.run([str(script), *args], capture_output=True, text=True,
+                          timeout=timeout_s, cwd=REPO,
+                          env={**os.environ, "SPECTRUM_CONTAINER_TOOL": "podman"})
+    assert done.returncode == 0, f"build failed ({done.returncode}):\n{done.stderr[-4000:]}"
+    lines = done.stdout.strip().splitlines()
+    assert lines, f"the build printed no tag:\n{done.stderr[-2000:]}"
+    print(f"\n[container] image {lines[-1]} built in {time.monotonic() - started:.0f} s")
+    return lines[-1]
+
+
+def container_state(name: str) -> dict:
+    return json.loads(podman("inspect", "--format", "{{json .State}}", name).stdout)
+
+
+def container_logs(name: str) -> str:
+    done = podman("logs", name, check=False)
+    return done.stdout + done.stderr
 
 def instructions(dockerfile: Path) -> list[tuple[str, str]]:
     """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""

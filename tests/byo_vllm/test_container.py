@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -19,7 +17,7 @@ from dataclasses import dataclass, field
 import pytest
 import requests
 
-from images import podman
+from images import build_image, container_logs, container_state, podman
 from options.local_server import READY_TIMEOUT_S, REPO_ROOT, free_port
 
 pytestmark = pytest.mark.container
@@ -46,29 +44,14 @@ class Container:
     ready_s: float | None = None
 
     def logs(self) -> str:
-        done = podman("logs", self.name, check=False)
-        return done.stdout + done.stderr
+        return container_logs(self.name)
 
     def state(self) -> dict:
-        return json.loads(podman("inspect", "--format", "{{json .State}}", self.name).stdout)
+        return container_state(self.name)
 
     def post(self, body: dict, **kw) -> requests.Response:
         return requests.post(self.url + "/invocations", json=body, timeout=kw.pop("timeout", 60),
                              **kw)
-
-
-def build_image() -> str:
-    """Runs the build script; returns the tag it printed last."""
-    started = time.monotonic()
-    # podman builds it where podman runs it, even beside a docker daemon.
-    done = subprocess.run([str(BUILD_SCRIPT), "--cpu", "--tag", IMAGE_TAG], capture_output=True,
-                          text=True, timeout=BUILD_TIMEOUT_S, cwd=REPO_ROOT,
-                          env={**os.environ, "SPECTRUM_CONTAINER_TOOL": "podman"})
-    assert done.returncode == 0, f"build failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    lines = done.stdout.strip().splitlines()
-    assert lines and lines[-1] == IMAGE_TAG, f"build's last line is not the tag: {lines[-3:]}"
-    print(f"\n[container] image {IMAGE_TAG} built in {time.monotonic() - started:.0f} s")
-    return lines[-1]
 
 
 def wait_ready(container: Container) -> None:
@@ -93,10 +76,8 @@ def wait_ready(container: Container) -> None:
 
 @pytest.fixture(scope="module")
 def container(tiny_model):
-    if shutil.which("podman") is None:
-        pytest.fail("podman is not installed: `bash tests/run.sh` installs it (Debian: "
-                    "apt-get install podman runc debootstrap); the container tests need it")
-    tag = build_image()
+    tag = build_image(BUILD_SCRIPT, "--cpu", "--tag", IMAGE_TAG, timeout_s=BUILD_TIMEOUT_S)
+    assert tag == IMAGE_TAG, f"build's last line is not the tag: {tag!r}"
     port = free_port()
     name = f"spectrum-byo-test-{os.getpid()}-{port}"
     secrets = [arg for key, value in SECRETS.items() for arg in ("-e", f"{key}={value}")]

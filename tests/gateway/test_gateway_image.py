@@ -11,17 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import threading
-import time
 
 import httpx
 import openai
 import pytest
 
 from gateway_harness import REPO, START_TIMEOUT_S, Gateway, answers, wait_for
-from images import podman
+from images import build_image, container_logs, container_state, podman
 from infra.eks.spec import LOCAL_GATEWAY_IMAGE
 from infra.eks.workload import RUN_AS_USER
 
@@ -69,14 +67,13 @@ class ContainerGateway(Gateway):
         return bool(self.state().get("Running"))
 
     def state(self) -> dict:
-        return json.loads(podman("inspect", "--format", "{{json .State}}", self.name).stdout)
+        return container_state(self.name)
 
     def stop(self) -> None:
         podman("rm", "--force", "--time", "0", self.name, check=False)
 
     def log(self) -> str:
-        done = podman("logs", self.name, check=False)
-        return done.stdout + done.stderr
+        return container_logs(self.name)
 
     def admin(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
         done = podman("exec", self.name, "admin", "--config", CONFIG_IN_CONTAINER, *args,
@@ -88,16 +85,7 @@ class ContainerGateway(Gateway):
 
 @pytest.fixture(scope="module")
 def image() -> str:
-    if shutil.which("podman") is None:
-        pytest.fail("podman is not installed: `bash tests/run.sh` installs it (Debian: "
-                    "apt-get install podman runc debootstrap); the container tests need it")
-    started = time.monotonic()
-    done = subprocess.run([str(BUILD_SCRIPT)], capture_output=True, text=True,
-                          timeout=BUILD_TIMEOUT_S, cwd=REPO,
-                          env={**os.environ, "SPECTRUM_CONTAINER_TOOL": "podman"})
-    assert done.returncode == 0, f"build failed ({done.returncode}):\n{done.stderr[-4000:]}"
-    print(f"\n[container] image built in {time.monotonic() - started:.0f} s")
-    return done.stdout.strip().splitlines()[-1]
+    return build_image(BUILD_SCRIPT, timeout_s=BUILD_TIMEOUT_S)
 
 
 @pytest.fixture(scope="module")

@@ -73,7 +73,6 @@ LABELS = {"direct": "direct (no proxy)",
           "floor": "floor_relay.py: uvicorn + aiohttp passing bytes on, nothing checked",
           "gateway": "this gateway, 1 worker, store: memory",
           "gateway-redis": "this gateway, store: redis", "litellm": "LiteLLM proxy 1.108.7, 1 worker"}
-FLOOR_RELAY = HERE / "floor_relay.py"
 
 
 # -- processes --------------------------------------------------------------------------------
