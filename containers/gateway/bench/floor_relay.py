@@ -1,7 +1,8 @@
 """The bench's floor: the least a relay on the gateway's own stack can do (uvicorn with uvloop
-and httptools, aiohttp to the upstream, raw ASGI). No key, no quota, no routing, no meter, no
-JSON parsing: the body is passed on and the answer's bytes come back as they arrive. What it
-costs per token and per request is what any gateway on this stack costs at least.
+and httptools, the gateway's upstream client ``spectrum_gateway.http1``, raw ASGI). No key, no
+quota, no routing, no meter, no JSON parsing: the body is passed on and the answer's bytes come
+back as they arrive. What it costs per token and per request is what any gateway on this stack
+costs at least.
 
     SPECTRUM_FLOOR_UPSTREAM=http://127.0.0.1:PORT/u/fake/v1 \\
         python -m uvicorn --app-dir containers/gateway/bench floor_relay:app --port 8001
@@ -9,18 +10,15 @@ costs per token and per request is what any gateway on this stack costs at least
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from spectrum_gateway.http1 import Pool  # noqa: E402
 
 UPSTREAM = os.environ.get("SPECTRUM_FLOOR_UPSTREAM", "")
-_session = None
-
-
-def session():
-    global _session
-    if _session is None:        # made inside the event loop that uses it
-        import aiohttp
-        _session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),
-                                         auto_decompress=False)
-    return _session
+pool = Pool(connect_timeout_s=10, read_timeout_s=300)
 
 
 async def _lifespan(receive, send) -> None:
@@ -29,8 +27,7 @@ async def _lifespan(receive, send) -> None:
         if message["type"] == "lifespan.startup":
             await send({"type": "lifespan.startup.complete"})
         elif message["type"] == "lifespan.shutdown":
-            if _session is not None:
-                await _session.close()
+            pool.close()
             await send({"type": "lifespan.shutdown.complete"})
             return
 
@@ -49,10 +46,12 @@ async def app(scope, receive, send) -> None:
         if not message.get("more_body"):
             break
     path = scope["path"].removeprefix("/v1")
-    async with session().post(UPSTREAM + path, data=body,
-                              headers={"content-type": "application/json"}) as answer:
+    answer = await pool.post(UPSTREAM + path, body, {"content-type": "application/json"})
+    try:
         await send({"type": "http.response.start", "status": answer.status, "headers": [
             (b"content-type", answer.headers.get("content-type", "application/json").encode())]})
-        async for chunk in answer.content.iter_any():
+        async for chunk in answer.chunks():
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
+    finally:
+        answer.close()
     await send({"type": "http.response.body", "body": b""})

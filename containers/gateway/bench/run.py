@@ -23,10 +23,11 @@ between contenders means something only where it is wider than those ranges.
         --contenders direct,gateway,gateway-redis \\
         --json containers/gateway/bench/results-2026-11-30.json
 
-(``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts.)
+(``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts;
+``gateway@git:REV``: the gateway as it was at git revision REV, to measure a change.)
 
 Two baselines say what the goals can be measured against: ``floor`` (``floor_relay.py``, the
-gateway's own stack, uvicorn + aiohttp, passing bytes on and checking nothing: what any gateway
+gateway's own stack, uvicorn + the gateway's upstream client, passing bytes on and checking nothing: what any gateway
 on this stack costs at least) and ``nginx`` (a proxy written in C, ``proxy_buffering off``,
 checking nothing; needs ``nginx`` installed).
 
@@ -70,7 +71,8 @@ PROMPT = [{"role": "user", "content": "say something about the price of a GPU ho
 START_TIMEOUT_S = 180
 LABELS = {"direct": "direct (no proxy)",
           "nginx": "nginx, 1 worker process, proxy_buffering off: a C proxy, nothing checked",
-          "floor": "floor_relay.py: uvicorn + aiohttp passing bytes on, nothing checked",
+          "floor": "floor_relay.py: uvicorn + the gateway's upstream client passing bytes on, "
+                   "nothing checked",
           "gateway": "this gateway, 1 worker, store: memory",
           "gateway-redis": "this gateway, store: redis", "litellm": "LiteLLM proxy 1.108.7, 1 worker"}
 
@@ -166,8 +168,20 @@ def start_redis(log_dir: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("redis-server did not answer")
 
 
+def gateway_at(rev: str, log_dir: Path) -> Path:
+    """The gateway's folder as it was at git revision ``rev`` (exported into ``log_dir``), to
+    measure a change against what it replaced in the same alternating rounds."""
+    folder = log_dir / f"gateway-at-{rev.replace('/', '_')}"
+    if not (folder / "containers" / "gateway" / "serve").is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev, "containers/gateway"],
+                                 capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder / "containers" / "gateway"
+
+
 def start_gateway(name: str, upstream: Process, log_dir: Path, store: str,
-                  workers: int) -> tuple[Process, str]:
+                  workers: int, gateway_dir: Path = GATEWAY_DIR) -> tuple[Process, str]:
     """The gateway through its own ``serve``, a tenant with limits far above the load (so the
     quota path runs in full), and a key made with ``admin``."""
     folder = log_dir / name
@@ -180,20 +194,20 @@ def start_gateway(name: str, upstream: Process, log_dir: Path, store: str,
         "models": {MODEL: {"upstreams": [
             {"name": UPSTREAM_NAME, "url": f"{upstream.url}/u/{UPSTREAM_NAME}/v1"}]}},
     }, sort_keys=False))
-    created = subprocess.run([sys.executable, str(GATEWAY_DIR / "admin"), "--config", str(config),
+    created = subprocess.run([sys.executable, str(gateway_dir / "admin"), "--config", str(config),
                               "keys", "create", "--tenant", "bench", "--json"],
                              capture_output=True, text=True, timeout=120)
     if created.returncode != 0:
         raise RuntimeError(f"admin keys create failed: {created.stderr}")
     port = free_port()
-    gw = start(name, [sys.executable, str(GATEWAY_DIR / "serve"), "--config", str(config),
+    gw = start(name, [sys.executable, str(gateway_dir / "serve"), "--config", str(config),
                       "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
                       "--log-level", "warning"], port, "/readyz", log_dir)
     return gw, json.loads(created.stdout)["key"]
 
 
 def start_floor(upstream: Process, log_dir: Path) -> Process:
-    """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, aiohttp) with
+    """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, its upstream client) with
     nothing of the gateway in it."""
     port = free_port()
     return start("floor", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
@@ -428,9 +442,10 @@ def summarize(rows: list[dict]) -> list[dict]:
             if s is not None:
                 entry[k] = s
         out.append(entry)
-    order = list(LABELS)
+    order = list(LABELS)        # a gateway@git:REV row just before the gateway's own
     return sorted(out, key=lambda e: (e["mode"] == "whole", e["concurrency"],
-                                      order.index(e["contender"])))
+                                      order.index(e["contender"].split("@")[0]),
+                                      "@" not in e["contender"]))
 
 
 def tables(summary: list[dict]) -> str:
@@ -466,13 +481,22 @@ def tables(summary: list[dict]) -> str:
 
 
 # -- main -------------------------------------------------------------------------------------
+def label(name: str, gateway_workers: int) -> str:
+    if name.startswith("gateway@git:"):
+        return f"{LABELS['gateway']}, as at git revision {name.split(':', 1)[1]}"
+    if name == "gateway-redis":
+        return f"{LABELS[name]}, {gateway_workers} workers"
+    return LABELS[name]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--contenders", default="direct,gateway",
-                        help="from direct, nginx, floor, gateway, gateway-redis (litellm: --litellm)")
+                        help="from direct, nginx, floor, gateway, gateway-redis, gateway@git:REV "
+                             "(the gateway as at git revision REV; litellm: --litellm)")
     parser.add_argument("--litellm", action=argparse.BooleanOptionalAction, default=True,
                         help="also LiteLLM's proxy (its environment is made on first use)")
     parser.add_argument("--litellm-venv", default=str(REPO / ".venv-litellm"))
@@ -493,7 +517,7 @@ def main() -> int:
     args = parser.parse_args()
 
     names = [n for n in args.contenders.split(",") if n]
-    unknown = set(names) - set(LABELS) - {"litellm"}
+    unknown = {n for n in names if n not in LABELS and not n.startswith("gateway@git:")} - {"litellm"}
     if unknown or "direct" not in names:
         parser.error(f"--contenders: {sorted(unknown) or 'direct is missing'}; choose from "
                      "direct (required: the others are measured against it), nginx, floor, "
@@ -524,8 +548,10 @@ def main() -> int:
                 proxy = (start_floor if name == "floor" else start_nginx)(upstream, log_dir)
                 started.append(proxy)
                 contenders.append(Contender(name, proxy.url + "/v1", None, proxy))
-            elif name == "gateway":
-                gw, key = start_gateway(name, upstream, log_dir, "memory", 1)
+            elif name == "gateway" or name.startswith("gateway@git:"):
+                folder = (gateway_at(name.split(":", 1)[1], log_dir) if "@git:" in name
+                          else GATEWAY_DIR)
+                gw, key = start_gateway(name, upstream, log_dir, "memory", 1, folder)
                 started.append(gw)
                 contenders.append(Contender(name, gw.url + "/v1", key, gw))
             elif name == "gateway-redis":
@@ -573,8 +599,7 @@ def main() -> int:
             "started_at": began, "command": " ".join([Path(sys.executable).name, *sys.argv]),
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
                         "load_average_at_end": os.getloadavg()},
-            "contenders": {c.name: LABELS[c.name] if c.name != "gateway-redis" else
-                           f"{LABELS[c.name]}, {args.gateway_workers} workers" for c in contenders},
+            "contenders": {c.name: label(c.name, args.gateway_workers) for c in contenders},
             "settings": {"max_tokens": args.max_tokens, "interval_ms": args.interval_ms,
                          "rounds": args.rounds, "concurrency": concurrencies,
                          "streams_per_user": args.streams_per_user,

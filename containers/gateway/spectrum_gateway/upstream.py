@@ -8,11 +8,11 @@ the gateway fall back without the client noticing.
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 from dataclasses import dataclass
 
+from . import http1
 from .config import GatewayConfig, Upstream
 
 
@@ -44,74 +44,44 @@ class HttpResponse:
     it, then ``aclose`` (which drops the connection if the body was not read to its end, so
     an abandoned request stops the upstream's work)."""
 
-    def __init__(self, response) -> None:
+    def __init__(self, response: http1.Response) -> None:
         self._response = response
         self.status_code = response.status
         self.headers = response.headers
         self.on_close = None         # called once when closed (a replica's in-flight count)
 
     @staticmethod
-    def _broken(e: Exception) -> StreamBroken | None:
-        """aiohttp's failure while reading, as this module's; None for anything else."""
-        import aiohttp
-        if isinstance(e, (asyncio.TimeoutError, aiohttp.ServerTimeoutError)):
-            return StreamTimeout(f"no bytes for the read timeout ({type(e).__name__})")
-        if isinstance(e, aiohttp.ClientError):
-            return StreamBroken(f"{type(e).__name__}: {e}")
-        return None
+    def _broken(e: http1.ReadFailed) -> StreamBroken:
+        return StreamTimeout(str(e)) if e.timed_out else StreamBroken(str(e))
 
     async def aread(self) -> bytes:
         try:
             return await self._response.read()
-        except Exception as e:
-            broken = self._broken(e)
-            if broken is None:
-                raise
-            raise broken from None
+        except http1.ReadFailed as e:
+            raise self._broken(e) from None
 
     async def aiter_raw(self):
         """The body's bytes as they arrive (one try around the loop: not one per chunk)."""
-        content = self._response.content
         try:
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    return
+            async for chunk in self._response.chunks():
                 yield chunk
-        except Exception as e:
-            broken = self._broken(e)
-            if broken is None:
-                raise
-            raise broken from None
+        except http1.ReadFailed as e:
+            raise self._broken(e) from None
 
     async def aclose(self) -> None:
-        if self._response.content.at_eof():
-            self._response.release()          # read to its end: the connection is reused
-        else:
-            self._response.close()
+        self._response.close()     # back to the pool only if read to its end
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
             on_close()
 
 
 class OpenAIUpstreams:
-    """One pooled async HTTP client (aiohttp: its C parser keeps the per-token cost of a
-    relayed stream low) for every OpenAI-compatible upstream."""
+    """One keep-alive pool (``http1``: the least CPU a request and a relayed chunk can cost in
+    Python) for every OpenAI-compatible upstream."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
-        self._session = None
-
-    @property
-    def session(self):
-        if self._session is None:        # made inside the event loop that will use it
-            import aiohttp
-            self._session = aiohttp.ClientSession(
-                timeout=aiohttp.ClientTimeout(total=None, connect=self.config.connect_timeout_s,
-                                              sock_read=self.config.upstream_timeout_s),
-                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30),
-                auto_decompress=False, skip_auto_headers=("Accept-Encoding",))
-        return self._session
+        self.pool = http1.Pool(config.connect_timeout_s, config.upstream_timeout_s)
 
     @staticmethod
     def url(base: str, path: str) -> str:
@@ -122,27 +92,19 @@ class OpenAIUpstreams:
                    replica: str | None = None, replica_url: str | None = None) -> HttpResponse:
         """POST ``body`` to ``upstream`` (to ``replica_url``, one of its replicas, when given);
         the response with its body unread (caller closes it). Failures name the replica."""
-        import aiohttp
         who = replica or upstream.name
         url = self.url(replica_url or upstream.url, path)
         headers = {"content-type": "application/json", "accept-encoding": "identity"}
         if upstream.api_key_env and os.environ.get(upstream.api_key_env):
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
-        data = json.dumps(body).encode()
         try:
-            try:
-                raw = await self.session.post(url, data=data, headers=headers)
-            except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as e:
-                if isinstance(e, aiohttp.ClientConnectorError):
-                    raise
-                # A pooled keep-alive connection the upstream had closed as it was reused:
-                # nothing was answered on it, so once more, on another connection.
-                raw = await self.session.post(url, data=data, headers=headers)
-        except (asyncio.TimeoutError, aiohttp.ServerTimeoutError) as e:
-            raise UpstreamFailure(who, "timeout", f"timed out ({type(e).__name__})")
-        except aiohttp.ClientError as e:
-            raise UpstreamFailure(who, "refused",
-                                  f"unreachable ({type(e).__name__}: {e or 'connection failed'})")
+            raw = await self.pool.post(url, json.dumps(body).encode(), headers)
+        except http1.ConnectFailed as e:
+            raise UpstreamFailure(who, "timeout" if e.timed_out else "refused",
+                                  f"timed out ({e})" if e.timed_out else f"unreachable ({e})")
+        except http1.ReadFailed as e:
+            raise UpstreamFailure(who, "timeout" if e.timed_out else "refused",
+                                  f"timed out ({e})" if e.timed_out else f"failed ({e})")
         response = HttpResponse(raw)
         if response.status_code >= 500 or response.status_code == 429:
             try:
@@ -158,8 +120,7 @@ class OpenAIUpstreams:
         return response
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self.pool.close()
 
 
 def split_events(buffer: bytes) -> tuple[list[bytes], bytes]:

@@ -1,0 +1,242 @@
+"""The gateway's upstream client (spectrum_gateway.http1) against real sockets: servers written
+here byte by byte, so each test can make the upstream do the odd thing it is about (close a
+pooled connection, end a body by closing, go silent, answer garbage, outrun its reader)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
+from spectrum_gateway import http1
+
+OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    return head + await reader.readexactly(length)
+
+
+async def serve(handler):
+    """A server on a free port running ``handler(reader, writer, connection_number)``."""
+    count = 0
+
+    async def on_connect(reader, writer):
+        nonlocal count
+        count += 1
+        try:
+            await handler(reader, writer, count)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+
+
+def answering(raw: bytes, then_wait_s: float = 0.0):
+    """A handler that answers one request with ``raw``, then holds the connection open."""
+    async def handler(reader, writer, n):
+        await read_request(reader)
+        writer.write(raw)
+        await writer.drain()
+        await asyncio.sleep(then_wait_s)
+    return handler
+
+
+def test_keep_alive_reuses_the_connection_and_sends_the_body_whole():
+    async def main():
+        seen = []
+
+        async def handler(reader, writer, n):
+            while True:
+                seen.append((n, await read_request(reader)))
+                writer.write(OK)
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        for body in (b'{"a": 1}', b'{"b": 2}'):
+            answer = await pool.post(url, body, {"content-type": "application/json"})
+            assert (answer.status, await answer.read()) == (200, b"{}")
+            assert answer.headers.get("Content-Type") == "application/json"
+            answer.close()
+        pool.close()
+        server.close()
+        return seen
+    seen = asyncio.run(main())
+    assert [n for n, _ in seen] == [1, 1]              # one connection for both
+    first = seen[0][1]
+    assert first.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:")
+    assert b"content-length: 8\r\n" in first and first.endswith(b'\r\n\r\n{"a": 1}')
+
+
+def test_a_pooled_connection_closed_as_it_is_reused_is_retried_on_a_new_one():
+    """The race aiohttp calls ServerDisconnected: the upstream reads the next request on a
+    kept-alive connection and closes it unanswered. Nothing was answered, so the client sends
+    it again on a new connection; the caller only sees the answer."""
+    async def main():
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(OK)
+            if n == 1:
+                await read_request(reader)       # the second request, never answered
+                return
+            while True:
+                await read_request(reader)
+                writer.write(OK)
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        answers = []
+        for _ in range(3):
+            answer = await pool.post(url, b"{}", {})
+            answers.append((answer.status, await answer.read()))
+            answer.close()
+        pool.close()
+        server.close()
+        return answers
+    assert asyncio.run(main()) == [(200, b"{}")] * 3
+
+
+def test_a_pooled_connection_that_closed_while_idle_is_not_reused():
+    async def main():
+        async def handler(reader, writer, n):
+            while True:          # each answer's body: the number of the connection it came on
+                await read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n%d" % n)
+                await writer.drain()
+                if n == 1:
+                    return       # the first connection: one answer, then closed while idle
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        bodies = []
+        for _ in range(3):
+            answer = await pool.post(url, b"{}", {})
+            bodies.append(await answer.read())
+            answer.close()
+            await asyncio.sleep(0.1)             # the close reaches the idle connection
+        pool.close()
+        server.close()
+        return bodies
+    assert asyncio.run(main()) == [b"1", b"2", b"2"]
+
+
+def test_a_body_ended_by_closing_the_connection_is_whole():
+    async def main():
+        server, url = await serve(answering(
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\n\r\nall of it"))
+        pool = http1.Pool(5, 5)
+        answer = await pool.post(url, b"{}", {})
+        body = await answer.read()
+        answer.close()
+        pool.close()
+        server.close()
+        return body
+    assert asyncio.run(main()) == b"all of it"
+
+
+def test_chunks_arrive_as_sent_and_a_cut_stream_is_a_read_failure():
+    async def main():
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+            for word in (b"one", b"two"):
+                writer.write(b"%x\r\n%s\r\n" % (len(word), word))
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            writer.transport.abort()        # cut before the last chunk
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        answer = await pool.post(url, b"{}", {})
+        got = []
+        with pytest.raises(http1.ReadFailed) as failed:
+            async for chunk in answer.chunks():
+                got.append(chunk)
+        answer.close()
+        pool.close()
+        server.close()
+        return got, failed.value
+    got, failure = asyncio.run(main())
+    assert got == [b"one", b"two"]
+    assert failure.answered and not failure.timed_out and "closed" in str(failure)
+
+
+def test_silence_past_the_read_timeout_fails_and_names_it():
+    async def main():
+        server, url = await serve(answering(
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n3\r\none\r\n", 10))
+        pool = http1.Pool(5, 0.3)
+        answer = await pool.post(url, b"{}", {})
+        chunks = answer.chunks()
+        assert await chunks.__anext__() == b"one"
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with pytest.raises(http1.ReadFailed) as failed:
+            await chunks.__anext__()
+        waited = loop.time() - started
+        answer.close()
+        pool.close()
+        server.close()
+        return failed.value, waited
+    failure, waited = asyncio.run(main())
+    assert failure.timed_out and "0.3 s" in str(failure)
+    assert 0.25 <= waited < 5
+
+
+def test_refused_and_garbage_answers_are_named_failures():
+    async def main():
+        garbage = answering(b"this is not HTTP\r\n\r\n", 1)
+        server, url = await serve(garbage)
+        closed, closed_url = await serve(garbage)
+        closed.close()
+        await closed.wait_closed()
+        pool = http1.Pool(5, 5)
+        with pytest.raises(http1.ReadFailed) as bad:
+            await pool.post(url, b"{}", {})
+        with pytest.raises(http1.ConnectFailed) as refused:
+            await pool.post(closed_url, b"{}", {})
+        with pytest.raises(http1.ConnectFailed) as not_http:
+            await pool.post("ftp://127.0.0.1/x", b"{}", {})
+        pool.close()
+        server.close()
+        return bad.value, refused.value, not_http.value
+    bad, refused, not_http = asyncio.run(main())
+    assert "not valid HTTP/1.1" in str(bad)
+    assert "cannot connect to 127.0.0.1:" in str(refused) and not refused.timed_out
+    assert "'ftp://127.0.0.1/x' is not an http:// or https:// URL" in str(not_http)
+
+
+def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_it_all():
+    """The upstream can send 8 MB at once; a reader that has taken nothing yet holds at most
+    about the high-water mark (plus what the kernel's socket buffers hold), and once it reads
+    on, every byte arrives."""
+    total = 8 * 1024 * 1024
+
+    async def main():
+        sent = asyncio.Event()
+
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+            writer.write(b"x" * total)
+            await writer.drain()
+            sent.set()
+            await asyncio.sleep(5)
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        answer = await pool.post(url, b"{}", {})
+        chunks = answer.chunks()
+        received = len(await chunks.__anext__())
+        await asyncio.sleep(0.5)                 # the reader dawdles
+        held = answer._connection.buffered
+        paused = answer._connection.paused
+        async for chunk in chunks:
+            received += len(chunk)
+        answer.close()
+        pool.close()
+        server.close()
+        return held, paused, received, sent.is_set()
+    held, paused, received, all_sent = asyncio.run(main())
+    assert paused and held <= http1.HIGH_WATER + 256 * 1024, held
+    assert received == total and all_sent
