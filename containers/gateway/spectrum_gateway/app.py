@@ -178,9 +178,21 @@ class Gateway:
         # Request ids: this process's random half and a counter (uuid4 per request costs a
         # getrandom call); 32 hex digits like a uuid's.
         self._id_prefix, self._ids = uuid.uuid4().hex[:16], itertools.count()
+        self._attempts: dict[tuple, tuple] = {}
         # (model, upstream) → its replicas, for upstreams with more than one URL.
         self.replicas = {(m.name, u.name): Replicas(u) for m in config.models.values()
                          for u in m.upstreams if len(u.urls) > 1}
+
+    def attempts(self, model: Model, tenant: str) -> tuple:
+        """``routing.attempts``, worked out once per (model, tenant): the config never changes
+        in a running process, and the canary's hashing was a few percent of a request."""
+        key = (model.name, tenant)
+        order = self._attempts.get(key)
+        if order is None:
+            if len(self._attempts) >= 65536:       # tenants from JWTs are unbounded
+                self._attempts.clear()
+            order = self._attempts[key] = tuple(attempts(model, tenant))
+        return order
 
     @property
     def managed(self):
@@ -289,7 +301,7 @@ class Gateway:
                                "invalid_stream_options")
         call.stream = bool(body.get("stream"))
         call.session = session_of(request, body)
-        order = attempts(model, principal.tenant)
+        order = self.attempts(model, principal.tenant)
 
         call.prompt_estimate = estimate_prompt_tokens(body)
         tokens = call.prompt_estimate + requested_max_tokens(body, model)
@@ -326,7 +338,7 @@ class Gateway:
                                             model.priority.session_ttl_s)
         return -earlier
 
-    async def _open(self, call: Call, order: list, body: dict, path: str, headers: dict):
+    async def _open(self, call: Call, order: tuple, body: dict, path: str, headers: dict):
         """The first upstream in ``order`` that answers; each failure noted in ``headers``."""
         response = None
         for upstream in order:

@@ -7,6 +7,7 @@ model, upstream and status: never a key, never a prompt.
 from __future__ import annotations
 
 import functools
+import json
 import time
 
 METRIC_HELP = {
@@ -34,6 +35,15 @@ def _number(value: float) -> str:
 def sample(name: str, **labels) -> str:
     inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
     return f"{name}{{{inner}}}"
+
+
+# One encoder for every entry: json.dumps with non-default arguments builds a new one per call.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
+def ledger_json(entry: dict) -> str:
+    """An entry as the ledger stores it: compact JSON on one line."""
+    return _compact_json(entry)
 
 
 def ledger_entry(*, request_id: str, tenant: str, key_id: str, model: str | None,

@@ -37,7 +37,7 @@ def run(config_path: str, host: str, port: int, workers: int, log_level: str = "
     if workers == 1:
         import uvicorn
         uvicorn.run("spectrum_gateway.app:create_app", factory=True, host=host, port=port,
-                    log_level=log_level, access_log=False,
+                    log_level=log_level, access_log=False, proxy_headers=False,
                     timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     else:
         serve_workers(config, host, port, workers, log_level)
@@ -56,6 +56,7 @@ def serve_workers(config: GatewayConfig, host: str, port: int, workers: int,
 
     class GatewayWorker(UvicornWorker):
         CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "access_log": False,
+                         "proxy_headers": False,
                          "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
 
     class GatewayWorkers(BaseApplication):

@@ -21,6 +21,7 @@ import time
 from collections import OrderedDict, deque
 from pathlib import Path
 
+from . import meter
 from .config import GatewayConfig, TenantLimits
 from .errors import StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
@@ -130,7 +131,7 @@ class MemoryStore:
             if self._ledger is None:     # kept open, line-buffered: each entry lands whole
                 self.dir.mkdir(parents=True, exist_ok=True)
                 self._ledger = open(self.ledger_path, "a", buffering=1)
-            self._ledger.write(json.dumps(entry, separators=(",", ":")) + "\n")
+            self._ledger.write(meter.ledger_json(entry) + "\n")
         for field, value in increments.items():
             self.counters[field] = self.counters.get(field, 0) + value
 
@@ -258,7 +259,7 @@ class RedisStore:
             if limits is not None:
                 self.quota.settle_in(pipe, limits, request_id, tokens_delta, cost_delta_usd)
             if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
-                pipe.xadd(self.ledger_key, {"e": json.dumps(entry, separators=(",", ":"))},
+                pipe.xadd(self.ledger_key, {"e": meter.ledger_json(entry)},
                           maxlen=self.config.ledger_max_entries, approximate=True)
             for field, value in increments.items():
                 pipe.hincrbyfloat(self.metrics_key, field, value)
