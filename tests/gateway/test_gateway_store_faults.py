@@ -59,6 +59,13 @@ def test_redis_killed_mid_stream_frees_the_slot_and_meters_once_it_is_back(
         assert len(streamed) == 1 and streamed[0]["status"] == 200
         assert streamed[0]["output_tokens"] == 20 and streamed[0]["usage_source"] == "upstream"
         assert "not metered yet" in gw.log()
+        # The restarted Redis had lost the settle and counter scripts: both were loaded again,
+        # so the counters agree with the ledger.
+        counters = redis.Redis(port=store.port).hgetall("spectrum:metrics")
+        answered = sum(float(v) for k, v in counters.items()
+                       if k.startswith(b'spectrum_gateway_requests_total{tenant="conc1"')
+                       and b'status="200"' in k)
+        assert answered == len([e for e in entries if e["status"] == 200]) >= 2
     finally:
         gw.stop()
         store.stop()

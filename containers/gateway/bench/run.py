@@ -24,7 +24,8 @@ between contenders means something only where it is wider than those ranges.
         --json containers/gateway/bench/results-2026-11-30.json
 
 (``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts;
-``gateway@git:REV``: the gateway as it was at git revision REV, to measure a change.)
+``gateway@git:REV``, ``gateway-redis@git:REV``: the gateway as it was at git revision REV, to
+measure a change against what it replaced.)
 
 Two baselines say what the goals can be measured against: ``floor`` (``floor_relay.py``, the
 gateway's own stack, uvicorn + the gateway's upstream client, passing bytes on and checking nothing: what any gateway
@@ -482,11 +483,9 @@ def tables(summary: list[dict]) -> str:
 
 # -- main -------------------------------------------------------------------------------------
 def label(name: str, gateway_workers: int) -> str:
-    if name.startswith("gateway@git:"):
-        return f"{LABELS['gateway']}, as at git revision {name.split(':', 1)[1]}"
-    if name == "gateway-redis":
-        return f"{LABELS[name]}, {gateway_workers} workers"
-    return LABELS[name]
+    base, _, rev = name.partition("@git:")
+    text = LABELS[base] + (f", {gateway_workers} workers" if base == "gateway-redis" else "")
+    return text + (f", as at git revision {rev}" if rev else "")
 
 
 def main() -> int:
@@ -495,8 +494,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--concurrency", default="1,8,32,64")
     parser.add_argument("--contenders", default="direct,gateway",
-                        help="from direct, nginx, floor, gateway, gateway-redis, gateway@git:REV "
-                             "(the gateway as at git revision REV; litellm: --litellm)")
+                        help="from direct, nginx, floor, gateway, gateway-redis; gateway@git:REV "
+                             "or gateway-redis@git:REV is the gateway as at git revision REV "
+                             "(litellm: --litellm)")
     parser.add_argument("--litellm", action=argparse.BooleanOptionalAction, default=True,
                         help="also LiteLLM's proxy (its environment is made on first use)")
     parser.add_argument("--litellm-venv", default=str(REPO / ".venv-litellm"))
@@ -517,7 +517,7 @@ def main() -> int:
     args = parser.parse_args()
 
     names = [n for n in args.contenders.split(",") if n]
-    unknown = {n for n in names if n not in LABELS and not n.startswith("gateway@git:")} - {"litellm"}
+    unknown = {n for n in names if n.partition("@git:")[0] not in LABELS} - {"litellm"}
     if unknown or "direct" not in names:
         parser.error(f"--contenders: {sorted(unknown) or 'direct is missing'}; choose from "
                      "direct (required: the others are measured against it), nginx, floor, "
@@ -535,7 +535,7 @@ def main() -> int:
         pass
 
     started = []
-    redis_proc = None
+    redis_procs = []
     try:
         upstream = start_upstream(log_dir, args.interval_ms / 1000)
         started.append(upstream)
@@ -548,15 +548,15 @@ def main() -> int:
                 proxy = (start_floor if name == "floor" else start_nginx)(upstream, log_dir)
                 started.append(proxy)
                 contenders.append(Contender(name, proxy.url + "/v1", None, proxy))
-            elif name == "gateway" or name.startswith("gateway@git:"):
-                folder = (gateway_at(name.split(":", 1)[1], log_dir) if "@git:" in name
-                          else GATEWAY_DIR)
-                gw, key = start_gateway(name, upstream, log_dir, "memory", 1, folder)
-                started.append(gw)
-                contenders.append(Contender(name, gw.url + "/v1", key, gw))
-            elif name == "gateway-redis":
-                redis_proc, url = start_redis(log_dir)
-                gw, key = start_gateway(name, upstream, log_dir, url, args.gateway_workers)
+            elif name.partition("@git:")[0] in ("gateway", "gateway-redis"):
+                base, _, rev = name.partition("@git:")
+                folder = gateway_at(rev, log_dir) if rev else GATEWAY_DIR
+                store, workers = "memory", 1
+                if base == "gateway-redis":
+                    redis_proc, store = start_redis(log_dir)
+                    redis_procs.append(redis_proc)
+                    workers = args.gateway_workers
+                gw, key = start_gateway(name, upstream, log_dir, store, workers, folder)
                 started.append(gw)
                 contenders.append(Contender(name, gw.url + "/v1", key, gw))
             elif name == "litellm":
@@ -586,7 +586,7 @@ def main() -> int:
     finally:
         for p in reversed(started):
             p.stop()
-        if redis_proc is not None:
+        for redis_proc in redis_procs:
             redis_proc.terminate()
             redis_proc.wait()
 
