@@ -182,9 +182,7 @@ class _Connection(asyncio.Protocol):
 
     def send(self, head: bytes, body: bytes) -> None:
         self._reset()
-        self.transport.write(head + body if len(body) < 65536 else head)
-        if len(body) >= 65536:
-            self.transport.write(body)
+        self.transport.writelines((head, body))
 
     def close(self) -> None:
         self.closed = True

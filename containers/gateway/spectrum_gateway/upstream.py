@@ -76,8 +76,8 @@ class HttpResponse:
 
 
 class OpenAIUpstreams:
-    """One keep-alive pool (``http1``: the least CPU a request and a relayed chunk can cost in
-    Python) for every OpenAI-compatible upstream."""
+    """One keep-alive pool for every OpenAI-compatible upstream (``http1``: a relay on it spent
+    less than half the CPU per request it spent on aiohttp)."""
 
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
