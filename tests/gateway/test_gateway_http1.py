@@ -240,3 +240,12 @@ def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_it_all():
     held, paused, received, all_sent = asyncio.run(main())
     assert paused and held <= http1.HIGH_WATER + 256 * 1024, held
     assert received == total and all_sent
+
+
+def test_the_request_line_and_host_header_follow_the_url():
+    pool = http1.Pool(5, 5)
+    assert pool._target("http://[::1]/v1/chat/completions") == (
+        ("http", "::1", 80), b"POST /v1/chat/completions HTTP/1.1\r\nhost: [::1]\r\n")
+    assert pool._target("http://[::1]:8080/v1/x")[1].endswith(b"host: [::1]:8080\r\n")
+    assert pool._target("https://up.example/v1/x?a=1") == (
+        ("https", "up.example", 443), b"POST /v1/x?a=1 HTTP/1.1\r\nhost: up.example\r\n")

@@ -203,11 +203,6 @@ class Response:
         self.status = connection.status
         self.headers = connection.headers
 
-    @property
-    def at_eof(self) -> bool:
-        c = self._connection
-        return c is None or (c.complete and not c.chunks)
-
     async def chunks(self):
         c = self._connection
         c.streaming = True
@@ -257,10 +252,9 @@ class Pool:
                 raise ConnectFailed(f"{url!r} is not an http:// or https:// URL")
             port = parts.port or (443 if parts.scheme == "https" else 80)
             target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+            name = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # IPv6
             default_port = port == (443 if parts.scheme == "https" else 80)
-            host = parts.hostname if default_port else f"{parts.hostname}:{port}"
-            if ":" in parts.hostname and not default_port:
-                host = f"[{parts.hostname}]:{port}"
+            host = name if default_port else f"{name}:{port}"
             known = ((parts.scheme, parts.hostname, port),
                      f"POST {target} HTTP/1.1\r\nhost: {host}\r\n".encode("latin-1"))
             if len(self._targets) < 1024:
