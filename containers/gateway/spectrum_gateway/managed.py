@@ -28,6 +28,8 @@ def _contract():
 class ManagedResponse:
     """A Bedrock or SageMaker answer, in OpenAI's shape, read like an HTTP upstream's response."""
 
+    waits_to_close = True      # a stream is closed in a worker thread
+
     def __init__(self, body: dict | None = None, events=None, closer=None) -> None:
         self.status_code = 200
         self.headers = {"content-type": "text/event-stream" if events is not None

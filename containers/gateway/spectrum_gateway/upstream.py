@@ -44,6 +44,8 @@ class HttpResponse:
     it, then ``aclose`` (which drops the connection if the body was not read to its end, so
     an abandoned request stops the upstream's work)."""
 
+    waits_to_close = False     # back to the pool, or closed, at once
+
     def __init__(self, response: http1.Response) -> None:
         self._response = response
         self.status_code = response.status
@@ -88,9 +90,10 @@ class OpenAIUpstreams:
         base = base.rstrip("/")
         return base + (path if base.endswith("/v1") else "/v1" + path)
 
-    async def open(self, upstream: Upstream, path: str, body: dict,
+    async def open(self, upstream: Upstream, path: str, body: dict | bytes,
                    replica: str | None = None, replica_url: str | None = None) -> HttpResponse:
-        """POST ``body`` to ``upstream`` (to ``replica_url``, one of its replicas, when given);
+        """POST ``body`` (a dict, or JSON bytes sent as they are) to ``upstream`` (to
+        ``replica_url``, one of its replicas, when given);
         the response with its body unread (caller closes it). Failures name the replica."""
         who = replica or upstream.name
         url = self.url(replica_url or upstream.url, path)
@@ -98,7 +101,8 @@ class OpenAIUpstreams:
         if upstream.api_key_env and os.environ.get(upstream.api_key_env):
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
         try:
-            raw = await self.pool.post(url, json.dumps(body).encode(), headers)
+            raw = await self.pool.post(
+                url, body if isinstance(body, bytes) else json.dumps(body).encode(), headers)
         except http1.ConnectFailed as e:
             raise UpstreamFailure(who, "timeout" if e.timed_out else "refused",
                                   f"timed out ({e})" if e.timed_out else f"unreachable ({e})")

@@ -1,0 +1,136 @@
+"""The completion routes' ASGI ends, against a server's ``receive`` written here: the
+disconnect watch (no task of its own), the body's limits, the answer's head."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
+from spectrum_gateway.asgi import (Answer, read_body, request_headers, response_start,
+                                   unless_client_leaves)
+from spectrum_gateway.errors import GatewayError
+
+
+class Server:
+    """``receive`` as uvicorn's works: it waits on an event for the next message."""
+
+    def __init__(self, messages=()) -> None:
+        self.messages = list(messages)
+        self.event = asyncio.Event()
+        self.bare_yields = 0
+
+    def say(self, message: dict) -> None:
+        self.messages.append(message)
+        self.event.set()
+
+    async def receive(self) -> dict:
+        for _ in range(self.bare_yields):
+            await asyncio.sleep(0)          # a bare yield, as some servers' receive has
+        while not self.messages:
+            self.event.clear()
+            await self.event.wait()
+        return self.messages.pop(0)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.mark.parametrize("bare_yields", [0, 2])
+def test_a_disconnect_cancels_the_work_where_it_waits(bare_yields):
+    async def main():
+        server = Server()
+        server.bare_yields = bare_yields
+        reached = []
+
+        async def work():
+            reached.append("started")
+            await asyncio.sleep(30)
+            reached.append("never")
+
+        asyncio.get_running_loop().call_later(0.05, server.say, {"type": "http.disconnect"})
+        left, result = await unless_client_leaves(server.receive, work)
+        assert (left, result, reached) == (True, None, ["started"])
+        assert asyncio.current_task().cancelling() == 0     # the task goes on, uncancelled
+    run(main())
+
+
+def test_other_messages_are_read_past_until_the_disconnect():
+    async def main():
+        server = Server([{"type": "http.request", "body": b"late", "more_body": True}])
+
+        async def work():
+            await asyncio.sleep(30)
+
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.02, server.say, {"type": "http.request", "body": b"", "more_body": False})
+        loop.call_later(0.05, server.say, {"type": "http.disconnect"})
+        assert await unless_client_leaves(server.receive, work) == (True, None)
+        assert server.messages == []
+    run(main())
+
+
+def test_work_that_ends_first_is_returned_and_the_watch_lets_go():
+    async def main():
+        server = Server()
+
+        async def work():
+            await asyncio.sleep(0.01)
+            return "answer"
+
+        assert await unless_client_leaves(server.receive, work) == (False, "answer")
+        assert not server.event._waiters        # the watch's pending receive() was closed
+        server.say({"type": "http.disconnect"})  # too late to matter: nothing is cancelled
+        await asyncio.sleep(0.02)
+    run(main())
+
+
+def test_a_cancel_from_outside_is_not_taken_for_a_disconnect():
+    async def main():
+        server = Server()
+
+        async def work():
+            await asyncio.sleep(30)
+
+        task = asyncio.ensure_future(unless_client_leaves(server.receive, work))
+        await asyncio.sleep(0.02)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not server.event._waiters
+    run(main())
+
+
+def test_read_body_joins_chunks_and_refuses_past_the_limit():
+    async def main():
+        chunks = [{"type": "http.request", "body": b"ab", "more_body": True},
+                  {"type": "http.request", "body": b"cd", "more_body": False}]
+        assert await read_body(Server(chunks).receive, 4) == b"abcd"
+        with pytest.raises(GatewayError) as too_big:
+            await read_body(Server(chunks).receive, 3)
+        assert too_big.value.status == 413 and "at most 3" in too_big.value.message
+        with pytest.raises(GatewayError) as gone:
+            await read_body(Server([chunks[0], {"type": "http.disconnect"}]).receive, 10)
+        assert gone.value.status == 499
+    run(main())
+
+
+def test_headers_in_and_out():
+    scope = {"headers": [(b"authorization", b"Bearer one"), (b"authorization", b"Bearer two"),
+                         (b"x-session-id", b"s\xe9")]}
+    assert request_headers(scope) == {"authorization": "Bearer one", "x-session-id": "s\xe9"}
+    start = response_start(429, {"Retry-After": "2", "x-request-id": "r1"}, b"application/json",
+                           17)
+    assert start == {"type": "http.response.start", "status": 429, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"17"),
+        (b"retry-after", b"2"), (b"x-request-id", b"r1")]}
+
+    sent = []
+
+    async def send(message):
+        sent.append(message)
+    run(Answer(404, b'{"error":{}}', {"x-request-id": "r2"})(None, send))
+    assert sent == [{"type": "http.response.start", "status": 404, "headers": [
+        (b"content-type", b"application/json"), (b"content-length", b"12"),
+        (b"x-request-id", b"r2")]}, {"type": "http.response.body", "body": b'{"error":{}}'}]
