@@ -9,6 +9,7 @@ import pytest
 from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on the path
 from spectrum_gateway.config import TenantLimits
 from spectrum_gateway.quota import MemoryQuota, RedisQuota, duration
+from spectrum_gateway.resp import Redis
 
 
 @pytest.fixture(params=["memory", "redis"])
@@ -18,12 +19,11 @@ def quota(request, redis_server):
         async def go():
             if request.param == "memory":
                 return await steps(MemoryQuota())
-            import redis.asyncio as aioredis
-            client = aioredis.Redis(port=redis_server.port)
+            client = Redis(f"redis://127.0.0.1:{redis_server.port}/0", 1.0, 5.0)
             try:
                 return await steps(RedisQuota(client, prefix=f"test-{uuid.uuid4().hex[:8]}"))
             finally:
-                await client.aclose()
+                client.close()
         return asyncio.run(go())
     return run
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from .config import TenantLimits
+from .resp import Script
 
 WINDOW_MS = 60_000
 # A concurrency slot in Redis is a lease: the worker holding it renews it while the request
@@ -289,10 +290,11 @@ class RedisQuota:
 
     def __init__(self, redis, prefix: str = "spectrum",
                  lease_ms: int = CONCURRENCY_LEASE_MS) -> None:
+        """``redis``: a ``resp.Redis``."""
         self.redis, self.prefix, self.lease_ms = redis, prefix, int(lease_ms)
-        self._reserve = redis.register_script(RESERVE_LUA)
-        self._settle = redis.register_script(SETTLE_LUA)
-        self._renew = redis.register_script(RENEW_LUA)
+        self._reserve = Script(RESERVE_LUA)
+        self._settle = Script(SETTLE_LUA)
+        self._renew = Script(RENEW_LUA)
 
     def _keys(self, tenant: str, month: str) -> list[str]:
         # One hash tag per tenant: a Redis Cluster keeps a tenant's keys on one shard.
@@ -304,9 +306,9 @@ class RedisQuota:
                       cost_usd: float) -> Decision:
         month, month_left = month_now()
         budget = -1 if limits.budget_usd_month is None else int(limits.budget_usd_month * MICRO)
-        reason, requests, used, rq_reset, tq_reset, retry, spent = await self._reserve(
-            keys=self._keys(limits.name, month),
-            args=[request_id, _limit(limits.rpm), _limit(limits.tpm), tokens,
+        reason, requests, used, rq_reset, tq_reset, retry, spent = await self._reserve.run(
+            self.redis, self._keys(limits.name, month),
+            [request_id, _limit(limits.rpm), _limit(limits.tpm), tokens,
                   _limit(limits.max_concurrency), self.lease_ms, budget,
                   int(round(cost_usd * MICRO)), month_left])
         reason = reason.decode() if isinstance(reason, bytes) else reason
@@ -319,20 +321,22 @@ class RedisQuota:
         keys = self._keys(limits.name, month_now()[0])
         return [keys[2], keys[3], keys[4], keys[5]]
 
-    def settle_in(self, pipe, limits: TenantLimits, request_id: str, tokens_delta: int,
-                  cost_delta_usd: float) -> None:
-        """Queue the settle script on ``pipe`` (by its SHA; see ``RedisStore.finish``)."""
-        pipe.evalsha(self._settle.sha, 4, *self._settle_keys(limits), request_id,
-                     int(tokens_delta), int(round(cost_delta_usd * MICRO)))
+    def settle_command(self, limits: TenantLimits, request_id: str, tokens_delta: int,
+                       cost_delta_usd: float, whole: bool = False) -> tuple:
+        """The settle script's command, by its SHA (``whole``: with its source), for a
+        pipeline of the caller's (see ``RedisStore.finish``)."""
+        args = [request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]
+        keys = self._settle_keys(limits)
+        return self._settle.whole(keys, args) if whole else self._settle.by_sha(keys, args)
 
     async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
                      cost_delta_usd: float) -> bool:
         """Free the slot and correct the reservation; False if the slot was already gone."""
-        return bool(await self._settle(
-            keys=self._settle_keys(limits),
-            args=[request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]))
+        return bool(await self._settle.run(
+            self.redis, self._settle_keys(limits),
+            [request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]))
 
     async def renew(self, tenant: str, request_ids: list[str]) -> int:
         """Extend the leases of the slots ``request_ids`` hold; how many were still held."""
         inflight = self._keys(tenant, month_now()[0])[4]
-        return int(await self._renew(keys=[inflight], args=[self.lease_ms, *request_ids]))
+        return int(await self._renew.run(self.redis, [inflight], [self.lease_ms, *request_ids]))

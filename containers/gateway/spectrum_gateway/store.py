@@ -9,7 +9,8 @@ revoked key stops working within a second) and the ledger appended to
 ``redis://…``: everything in Redis, so every worker and replica sees the same keys, the same
 counters and one ledger (a Redis stream, whose ids are millisecond timestamps). A Redis that
 cannot be reached within ``store_connect_timeout_ms`` turns into 503 naming it (``StoreUnavailable``),
-never into a request that passes unmetered; the client reconnects by itself once it is back.
+never into a request that passes unmetered; the client (``resp.py``, one pipelined connection
+per worker) connects again on the next request once it is back.
 """
 from __future__ import annotations
 
@@ -25,15 +26,11 @@ from . import meter
 from .config import GatewayConfig, TenantLimits
 from .errors import StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
+from .resp import Redis, ReplyError, Script, Unreachable
 
 PREFIX = "spectrum"
 KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
 KEY_CACHE_S = 0.5        # a Redis worker trusts a key record this long: revocations land within it
-POOL_CONNECTIONS = 64    # Redis connections per worker
-# How long a request waits for one of them. Every connection busy is load, not a store that is
-# down (that fails at connect, at once): with the command timeout as this wait, a burst of 64
-# streams on two busy workers had 503s "No connection available" while Redis answered.
-POOL_WAIT_S = 10
 UPKEEP_TICK_S = 0.5      # a worker retries its unfinished settles this often while Redis is away
 LEDGER_TRIM_EVERY_S = 60  # each worker trims the ledger to its retention this often
 PENDING_MAX = 100_000    # settles kept for retry while Redis is away (the oldest dropped beyond)
@@ -169,8 +166,8 @@ class MemoryStore:
 
 
 # KEYS: the metrics hash. ARGV: field, increment, field, increment, ...
-# One command for a request's counters instead of one HINCRBYFLOAT each: redis-py spends more
-# CPU packing and parsing a command than Redis spends running it.
+# One command for a request's counters instead of one HINCRBYFLOAT each: a client spends more
+# CPU sending a command and parsing its reply than Redis spends running it.
 COUNT_LUA = """
 for i = 1, #ARGV, 2 do
   redis.call('HINCRBYFLOAT', KEYS[1], ARGV[i], ARGV[i + 1])
@@ -185,26 +182,17 @@ def _flat(increments: dict) -> list:
 
 class RedisStore:
     def __init__(self, config: GatewayConfig) -> None:
-        import redis.asyncio as aioredis
-        from redis.backoff import NoBackoff
-        from redis.retry import Retry
         self.config = config
         self.name = config.store_name
-        # No retries with backoff: an unreachable store must answer 503 within the timeout.
-        # A bounded pool: a burst of requests waits for a warm connection instead of opening
-        # dozens at once (each connect racing the connect timeout on a busy event loop).
-        pool = aioredis.BlockingConnectionPool.from_url(
-            config.store, max_connections=POOL_CONNECTIONS,
-            timeout=max(POOL_WAIT_S, config.store_command_timeout_ms / 1000),
-            socket_connect_timeout=config.store_connect_timeout_ms / 1000,
-            socket_timeout=config.store_command_timeout_ms / 1000,
-            retry=Retry(NoBackoff(), 0), health_check_interval=0)
-        self.redis = aioredis.Redis(connection_pool=pool)
+        # One pipelined connection, no retries: an unreachable store answers 503 within the
+        # connect timeout, and the next request connects again.
+        self.redis = Redis(config.store, config.store_connect_timeout_ms / 1000,
+                           config.store_command_timeout_ms / 1000)
         self.quota = RedisQuota(self.redis, PREFIX, int(config.concurrency_lease_s * 1000))
         self.keys_key = f"{PREFIX}:keys"
         self.ledger_key = f"{PREFIX}:ledger"
         self.metrics_key = f"{PREFIX}:metrics"
-        self._count = self.redis.register_script(COUNT_LUA)
+        self._count = Script(COUNT_LUA)
         self._key_cache: dict[str, tuple] = {}     # id → (record, when read)
         # Slots this worker holds (request id → tenant), renewed while their requests run;
         # and the settles Redis did not take, retried until it does (see upkeep).
@@ -213,18 +201,17 @@ class RedisStore:
         self._upkeep_task = None
 
     async def _call(self, coro):
-        import redis.exceptions as rex
         try:
             return await coro
-        except (rex.ConnectionError, rex.TimeoutError, OSError) as e:
-            raise StoreUnavailable(self.name, type(e).__name__ + (f": {e}" if str(e) else "")) from None
+        except Unreachable as e:
+            raise StoreUnavailable(self.name, str(e)) from None
 
     async def get_key(self, key_id: str) -> dict | None:
         now = time.monotonic()
         cached = self._key_cache.get(key_id)
         if cached is not None and now - cached[1] < KEY_CACHE_S:
             return cached[0]
-        raw = await self._call(self.redis.hget(self.keys_key, key_id))
+        raw = await self._call(self.redis.command("HGET", self.keys_key, key_id))
         record = json.loads(raw) if raw else None
         if record is not None:            # unknown ids are not cached: a new key works at once
             if len(self._key_cache) > 100_000:
@@ -233,11 +220,12 @@ class RedisStore:
         return record
 
     async def put_key(self, record: dict) -> None:
-        await self._call(self.redis.hset(self.keys_key, record["id"], json.dumps(record)))
+        await self._call(self.redis.command("HSET", self.keys_key, record["id"],
+                                            json.dumps(record)))
 
     async def all_keys(self) -> list[dict]:
-        raw = await self._call(self.redis.hgetall(self.keys_key))
-        return [json.loads(v) for v in raw.values()]
+        flat = await self._call(self.redis.command("HGETALL", self.keys_key))
+        return [json.loads(v) for v in flat[1::2]]
 
     async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
                       cost_usd: float) -> Decision:
@@ -269,55 +257,58 @@ class RedisStore:
     async def _finish(self, limits, request_id, tokens_delta, cost_delta_usd, entry,
                       increments) -> None:
         async def run():
-            import redis.exceptions as rex
-            # One round trip: the settle script, the ledger entry, the counters' script. A
-            # script goes by its SHA; one a restarted Redis lost is run again through its
-            # script object, which loads it (the rest of the pipeline has run by then).
-            pipe = self.redis.pipeline(transaction=False)
-            reload = {}
+            # One round trip: the settle script, the ledger entry, the counters' script, the
+            # scripts by their SHA. One that a restarted Redis lost goes again with its source
+            # (the rest of the pipeline has run by then).
+            commands, whole = [], {}
             if limits is not None:
-                reload[len(pipe)] = lambda: self.quota.settle(limits, request_id, tokens_delta,
-                                                             cost_delta_usd)
-                self.quota.settle_in(pipe, limits, request_id, tokens_delta, cost_delta_usd)
+                whole[len(commands)] = self.quota.settle_command(
+                    limits, request_id, tokens_delta, cost_delta_usd, whole=True)
+                commands.append(self.quota.settle_command(limits, request_id, tokens_delta,
+                                                          cost_delta_usd))
             if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
-                pipe.xadd(self.ledger_key, {"e": meter.ledger_json(entry)},
-                          maxlen=self.config.ledger_max_entries, approximate=True)
+                commands.append(("XADD", self.ledger_key, "MAXLEN", "~",
+                                 self.config.ledger_max_entries, "*",
+                                 "e", meter.ledger_json(entry)))
             if increments:
-                reload[len(pipe)] = lambda: self.count(increments)
-                pipe.evalsha(self._count.sha, 1, self.metrics_key, *_flat(increments))
-            results = await pipe.execute(raise_on_error=False)
-            for i, result in enumerate(results):
-                if isinstance(result, rex.NoScriptError) and i in reload:
-                    await reload[i]()
-                elif isinstance(result, Exception):
-                    raise result
+                args = _flat(increments)
+                whole[len(commands)] = self._count.whole([self.metrics_key], args)
+                commands.append(self._count.by_sha([self.metrics_key], args))
+            replies = await self.redis.pipeline(commands)
+            lost = [i for i, reply in enumerate(replies)
+                    if isinstance(reply, ReplyError) and reply.no_script and i in whole]
+            if lost:
+                replies = [reply for i, reply in enumerate(replies) if i not in lost]
+                replies += await self.redis.pipeline([whole[i] for i in lost])
+            for reply in replies:
+                if isinstance(reply, ReplyError):
+                    raise reply
         await self._call(run())
 
     async def count(self, increments: dict) -> None:
-        await self._call(self._count(keys=[self.metrics_key], args=_flat(increments)))
+        await self._call(self._count.run(self.redis, [self.metrics_key], _flat(increments)))
 
     async def attained(self, tenant: str, session: str, ttl_s: float) -> int:
         """Requests the session began before this one (and this one counted), shared by
         every worker and replica; the count expires ``ttl_s`` after the last request."""
         key = f"{PREFIX}:session:{{{tenant}}}:{session}"
 
-        async def run():
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.incr(key)
-            pipe.pexpire(key, int(ttl_s * 1000))
-            return (await pipe.execute())[0] - 1
-        return await self._call(run())
+        count, _ = await self._call(self.redis.pipeline([("INCR", key),
+                                                          ("PEXPIRE", key, int(ttl_s * 1000))]))
+        if isinstance(count, ReplyError):
+            raise count
+        return count - 1
 
     async def metric_counters(self) -> dict[str, float]:
-        raw = await self._call(self.redis.hgetall(self.metrics_key))
-        return {k.decode(): float(v) for k, v in raw.items()}
+        flat = await self._call(self.redis.command("HGETALL", self.metrics_key))
+        return {k.decode(): float(v) for k, v in zip(flat[::2], flat[1::2])}
 
     async def ledger(self, since_ms: int | None = None) -> list[dict]:
         start = f"{since_ms}-0" if since_ms is not None else "-"
-        rows = await self._call(self.redis.xrange(self.ledger_key, min=start, max="+"))
+        rows = await self._call(self.redis.command("XRANGE", self.ledger_key, start, "+"))
         entries, seen = [], set()
         for _, fields in rows:     # a settle retried after a lost reply may have written twice
-            entry = json.loads(fields[b"e"])
+            entry = json.loads(dict(zip(fields[::2], fields[1::2]))[b"e"])
             if entry.get("request_id") not in seen:
                 seen.add(entry.get("request_id"))
                 entries.append(entry)
@@ -326,8 +317,8 @@ class RedisStore:
     async def trim_ledger(self) -> int:
         """Drop ledger entries older than ``ledger_retention_days``; how many went."""
         oldest_ms = int((time.time() - self.config.ledger_retention_days * 86400) * 1000)
-        return await self._call(self.redis.xtrim(self.ledger_key, minid=f"{oldest_ms}-0",
-                                                 approximate=False))
+        return await self._call(self.redis.command("XTRIM", self.ledger_key, "MINID",
+                                                   f"{oldest_ms}-0"))
 
     async def upkeep(self) -> None:
         """Runs for the worker's life: retries settles Redis did not take, renews the leases
@@ -355,24 +346,15 @@ class RedisStore:
                 log.exception("store upkeep")
 
     async def ping(self) -> None:
-        await self._call(self.redis.ping())
+        await self._call(self.redis.command("PING"))
 
     async def warm(self) -> None:
-        """Open the pool's connections while the worker is idle, so a burst of requests finds
-        them ready rather than racing the connect timeout; a store that is down is no reason
-        not to start (``/readyz`` says so)."""
-        pool = self.redis.connection_pool
-        connections = []
+        """Connect while the worker is idle, so the first requests find the connection ready;
+        a store that is down is no reason not to start (``/readyz`` says so)."""
         try:
-            for _ in range(POOL_CONNECTIONS):
-                connection = await pool.get_connection()
-                connections.append(connection)
-                await connection.connect()
-        except Exception:     # unreachable now: requests will say so, with a 503
+            await self.redis.connect()
+        except Unreachable:       # requests will say so, with a 503
             pass
-        finally:
-            for connection in connections:
-                await pool.release(connection)
         if self._upkeep_task is None:
             self._upkeep_task = asyncio.ensure_future(self.upkeep())
 
@@ -386,5 +368,4 @@ class RedisStore:
             except StoreUnavailable:
                 log.error("%d requests not metered: the store %s is unreachable at shutdown",
                           len(self.pending), self.name)
-        await self.redis.aclose()
-        await self.redis.connection_pool.disconnect()
+        self.redis.close()

@@ -1,0 +1,178 @@
+"""The store's Redis client (``spectrum_gateway.resp``): against the real redis-server, and
+against servers written here byte by byte for what Redis will not do on request (silence, a
+connection cut mid-pipeline)."""
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import pytest
+
+from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
+from spectrum_gateway.resp import (_INCOMPLETE, Redis, ReplyError, Script, Unreachable, encode,
+                                   parse)
+
+
+def test_encode_and_parse_every_reply_kind_at_every_split():
+    assert encode(("SET", "k", b"\x00v", 3, 1.5)) == (
+        b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00v\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
+    wire = (b"+OK\r\n-ERR wrong\r\n:42\r\n$5\r\nhe\r\no\r\n$-1\r\n$0\r\n\r\n"
+            b"*3\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n*0\r\n*-1\r\n")
+    expected = [b"OK", "ERR wrong", 42, b"he\r\no", None, b"", [1, [b"a", None], []], None]
+    replies, pos = [], 0
+    while pos < len(wire):
+        reply, pos = parse(bytearray(wire), pos)
+        replies.append(str(reply) if isinstance(reply, ReplyError) else reply)
+    assert replies == expected
+    # Every cut short of a reply's end is incomplete, never a wrong value.
+    for cut in range(len(wire)):
+        buffer, pos, got = bytearray(wire[:cut]), 0, []
+        while True:
+            reply, end = parse(buffer, pos)
+            if reply is _INCOMPLETE:
+                break
+            got.append(str(reply) if isinstance(reply, ReplyError) else reply)
+            pos = end
+        assert got == expected[:len(got)]
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_commands_pipelines_errors_and_scripts(redis_server):
+    async def main():
+        redis = Redis(redis_server.url, 1.0, 5.0)
+        key = f"test-resp-{uuid.uuid4().hex[:8]}"
+        try:
+            assert await redis.command("PING") == b"PONG"
+            replies = await redis.pipeline([("HSET", key, "a", "1", "b", "2"), ("HGETALL", key),
+                                            ("INCR", key), ("HGET", key, "nope")])
+            assert replies[:2] == [2, [b"a", b"1", b"b", b"2"]] and replies[3] is None
+            assert isinstance(replies[2], ReplyError) and "WRONGTYPE" in str(replies[2])
+            with pytest.raises(ReplyError, match="WRONGTYPE"):
+                await redis.command("INCR", key)
+            # Concurrent callers share the connection; each gets its own reply.
+            counts = await asyncio.gather(*(redis.command("INCR", key + ":n") for _ in range(50)))
+            assert sorted(counts) == list(range(1, 51))
+            # A script Redis has forgotten is sent again whole.
+            script = Script("return {KEYS[1], ARGV[1] + 1}")
+            assert await script.run(redis, [key], [41]) == [key.encode(), 42]
+            await redis.command("SCRIPT", "FLUSH")
+            (by_sha,) = await redis.pipeline([script.by_sha([key], [1])])
+            assert isinstance(by_sha, ReplyError) and by_sha.no_script
+            assert await script.run(redis, [key], [1]) == [key.encode(), 2]
+        finally:
+            await redis.command("DEL", key, key + ":n")
+            redis.close()
+    run(main())
+
+
+def test_user_password_and_database_from_the_url(redis_server):
+    async def main():
+        admin = Redis(redis_server.url, 1.0, 5.0)
+        user = f"gw{uuid.uuid4().hex[:6]}"
+        await admin.command("ACL", "SETUSER", user, "on", ">s3cr:et", "~*", "+@all")
+        try:
+            redis = Redis(f"redis://{user}:s3cr%3Aet@127.0.0.1:{redis_server.port}/3", 1.0, 5.0)
+            await redis.command("SET", "resp-db-check", "three")
+            assert await redis.command("GET", "resp-db-check") == b"three"
+            assert await admin.command("GET", "resp-db-check") is None     # db 0: not there
+            await redis.command("DEL", "resp-db-check")
+            redis.close()
+            wrong = Redis(f"redis://{user}:nope@127.0.0.1:{redis_server.port}/0", 1.0, 5.0)
+            with pytest.raises(Unreachable, match="WRONGPASS"):
+                await wrong.command("PING")
+        finally:
+            await admin.command("ACL", "DELUSER", user)
+            admin.close()
+    run(main())
+
+
+async def serve(handle):
+    """A TCP server on 127.0.0.1 running ``handle(reader, writer, n)`` for its n-th client."""
+    count = 0
+
+    async def client(reader, writer):
+        nonlocal count
+        count += 1
+        try:
+            await handle(reader, writer, count)
+        finally:
+            writer.close()
+    server = await asyncio.start_server(client, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_silence_fails_every_waiting_command_within_the_timeout_then_it_reconnects():
+    async def main():
+        async def handle(reader, writer, n):
+            await reader.read(1024)
+            if n == 1:
+                await asyncio.sleep(10)          # the first connection: never a reply
+            else:
+                writer.write(b"+PONG\r\n")
+                await writer.drain()
+                await reader.read(1024)
+        server, port = await serve(handle)
+        redis = Redis(f"redis://127.0.0.1:{port}/0", 1.0, 0.2)
+        started = time.monotonic()
+        results = await asyncio.gather(redis.command("PING"), redis.command("PING"),
+                                       return_exceptions=True)
+        waited = time.monotonic() - started
+        assert all(isinstance(r, Unreachable) and "no reply within 200 ms" in str(r)
+                   for r in results), results
+        assert 0.15 < waited < 1.0
+        assert await redis.command("PING") == b"PONG"      # a new connection
+        redis.close()
+        server.close()
+    run(main())
+
+
+def test_a_connection_cut_mid_pipeline_fails_its_commands_and_the_next_one_reconnects():
+    async def main():
+        async def handle(reader, writer, n):
+            await reader.read(1024)
+            if n == 1:
+                writer.write(b":1\r\n:2")        # one reply and part of the next, then gone
+                await writer.drain()
+                return
+            writer.write(b"+PONG\r\n")
+            await writer.drain()
+            await reader.read(1024)
+        server, port = await serve(handle)
+        redis = Redis(f"redis://127.0.0.1:{port}/0", 1.0, 5.0)
+        with pytest.raises(Unreachable, match="closed the connection"):
+            await redis.pipeline([("INCR", "a"), ("INCR", "a"), ("INCR", "a")])
+        assert await redis.command("PING") == b"PONG"
+        redis.close()
+        server.close()
+    run(main())
+
+
+def test_nothing_listening_and_garbage_are_unreachable_at_once():
+    async def main():
+        server, port = await serve(lambda reader, writer, n: asyncio.sleep(0))
+        server.close()
+        await server.wait_closed()
+        started = time.monotonic()
+        with pytest.raises(Unreachable, match=f"cannot connect to 127.0.0.1:{port}"):
+            await Redis(f"redis://127.0.0.1:{port}/0", 0.1, 1.0).command("PING")
+        assert time.monotonic() - started < 0.5
+
+        async def garbage(reader, writer, n):
+            await reader.read(1024)
+            writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            await writer.drain()
+            await asyncio.sleep(1)
+        server, port = await serve(garbage)
+        with pytest.raises(Unreachable, match="not a RESP2 reply"):
+            await Redis(f"redis://127.0.0.1:{port}/0", 1.0, 1.0).command("PING")
+        server.close()
+    run(main())
+
+
+def test_a_url_that_is_not_redis_is_refused():
+    with pytest.raises(ValueError, match="not a redis:// or rediss:// URL"):
+        Redis("http://127.0.0.1:6379/0", 1.0, 1.0)
