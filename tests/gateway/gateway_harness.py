@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -262,3 +263,20 @@ def gateway_config(store: str, up: FakeUpstreams, dead_port: int, jwks_file: str
     }
 
 
+async def tcp_server(handler) -> tuple[asyncio.AbstractServer, int]:
+    """A server on a free 127.0.0.1 port running ``handler(reader, writer, connection_number)``
+    for each client: a peer written byte by byte in a test, for what a real server will not
+    do on request (silence, garbage, a connection cut mid-answer)."""
+    count = 0
+
+    async def on_connect(reader, writer):
+        nonlocal count
+        count += 1
+        try:
+            await handler(reader, writer, count)
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]

@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
+from gateway_harness import tcp_server     # (and spectrum_gateway on sys.path)
 from spectrum_gateway import http1
 
 OK = (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}")
@@ -21,20 +21,9 @@ async def read_request(reader: asyncio.StreamReader) -> bytes:
 
 
 async def serve(handler):
-    """A server on a free port running ``handler(reader, writer, connection_number)``."""
-    count = 0
-
-    async def on_connect(reader, writer):
-        nonlocal count
-        count += 1
-        try:
-            await handler(reader, writer, count)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
-    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+    """``tcp_server`` and the completion URL on it."""
+    server, port = await tcp_server(handler)
+    return server, f"http://127.0.0.1:{port}/v1/chat/completions"
 
 
 def answering(raw: bytes, then_wait_s: float = 0.0):

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
+from gateway_harness import tcp_server     # (and spectrum_gateway on sys.path)
 from spectrum_gateway.resp import (_INCOMPLETE, Redis, ReplyError, Script, Unreachable, encode,
                                    parse)
 
@@ -90,21 +90,6 @@ def test_user_password_and_database_from_the_url(redis_server):
     run(main())
 
 
-async def serve(handle):
-    """A TCP server on 127.0.0.1 running ``handle(reader, writer, n)`` for its n-th client."""
-    count = 0
-
-    async def client(reader, writer):
-        nonlocal count
-        count += 1
-        try:
-            await handle(reader, writer, count)
-        finally:
-            writer.close()
-    server = await asyncio.start_server(client, "127.0.0.1", 0)
-    return server, server.sockets[0].getsockname()[1]
-
-
 def test_silence_fails_every_waiting_command_within_the_timeout_then_it_reconnects():
     async def main():
         async def handle(reader, writer, n):
@@ -115,7 +100,7 @@ def test_silence_fails_every_waiting_command_within_the_timeout_then_it_reconnec
                 writer.write(b"+PONG\r\n")
                 await writer.drain()
                 await reader.read(1024)
-        server, port = await serve(handle)
+        server, port = await tcp_server(handle)
         redis = Redis(f"redis://127.0.0.1:{port}/0", 1.0, 0.2)
         started = time.monotonic()
         results = await asyncio.gather(redis.command("PING"), redis.command("PING"),
@@ -141,7 +126,7 @@ def test_a_connection_cut_mid_pipeline_fails_its_commands_and_the_next_one_recon
             writer.write(b"+PONG\r\n")
             await writer.drain()
             await reader.read(1024)
-        server, port = await serve(handle)
+        server, port = await tcp_server(handle)
         redis = Redis(f"redis://127.0.0.1:{port}/0", 1.0, 5.0)
         with pytest.raises(Unreachable, match="closed the connection"):
             await redis.pipeline([("INCR", "a"), ("INCR", "a"), ("INCR", "a")])
@@ -153,7 +138,7 @@ def test_a_connection_cut_mid_pipeline_fails_its_commands_and_the_next_one_recon
 
 def test_nothing_listening_and_garbage_are_unreachable_at_once():
     async def main():
-        server, port = await serve(lambda reader, writer, n: asyncio.sleep(0))
+        server, port = await tcp_server(lambda reader, writer, n: asyncio.sleep(0))
         server.close()
         await server.wait_closed()
         started = time.monotonic()
@@ -166,7 +151,7 @@ def test_nothing_listening_and_garbage_are_unreachable_at_once():
             writer.write(b"HTTP/1.1 400 Bad Request\r\n\r\n")
             await writer.drain()
             await asyncio.sleep(1)
-        server, port = await serve(garbage)
+        server, port = await tcp_server(garbage)
         with pytest.raises(Unreachable, match="not a RESP2 reply"):
             await Redis(f"redis://127.0.0.1:{port}/0", 1.0, 1.0).command("PING")
         server.close()
