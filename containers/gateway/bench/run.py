@@ -21,7 +21,7 @@ between contenders means something only where it is wider than those ranges.
 
     .venv/bin/python containers/gateway/bench/run.py --rounds 3 --concurrency 1,8,32,64 \\
         --contenders direct,gateway,gateway-redis \\
-        --json containers/gateway/bench/results-2026-11-30-http1.json
+        --json containers/gateway/bench/results-2026-12-01-asgi-resp.json
 
 (``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts;
 ``gateway@git:REV``, ``gateway-redis@git:REV``: the gateway as it was at git revision REV, to
