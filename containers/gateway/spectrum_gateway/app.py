@@ -35,6 +35,11 @@ CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
 log = logging.getLogger("spectrum_gateway")
 
 
+# The request headers the completion path reads: the credential (auth.presented_credential)
+# and the session (session_of).
+READ_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-session-id"})
+
+
 def _header_safe(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else " " for c in text)[:300]
 
@@ -204,7 +209,7 @@ class Gateway:
         """A completion request's reply, to be called with ``(receive, send)``: the answer, or
         the error it met in OpenAI's shape."""
         try:
-            return await self.completions(request_headers(scope), receive, path)
+            return await self.completions(request_headers(scope, READ_HEADERS), receive, path)
         except GatewayError as e:
             return Answer.of_error(e)
         except Exception as e:
@@ -246,16 +251,15 @@ class Gateway:
                                "missing_model")
         call.model = name
         model = self.config.models.get(name)
-        allowed = [m for m in self.config.models if limits.allows(m)
-                   and (principal.models is None or m in principal.models)]
-        if model is None:
-            raise GatewayError(404, f"model {name!r} does not exist; models you may use: "
-                                    f"{', '.join(allowed) or 'none'}", "model_not_found")
-        if name not in allowed:
+        if model is None or not self.may_use(limits, principal, name):
+            usable = ", ".join(self.models_allowed(limits, principal)) or "none"
+            if model is None:
+                raise GatewayError(404, f"model {name!r} does not exist; models you may use: "
+                                        f"{usable}", "model_not_found")
             who = (f"API key {principal.key_id}" if principal.models is not None
                    and limits.allows(name) else f"tenant {principal.tenant!r}")
             raise GatewayError(403, f"{who} may not use model {name!r}; models you may use: "
-                                    f"{', '.join(allowed) or 'none'}", "model_not_allowed")
+                                    f"{usable}", "model_not_allowed")
         if not isinstance(body.get("stream_options") or {}, dict):
             raise GatewayError(400, f"stream_options must be an object such as "
                                     f"{{\"include_usage\": true}}, got {body['stream_options']!r}",
@@ -460,10 +464,17 @@ class Gateway:
         if limits is None:
             raise GatewayError(403, f"tenant {principal.tenant!r} is not configured and this "
                                     "gateway has no default tenant", "unknown_tenant")
-        names = [m for m in self.config.models if limits.allows(m)
-                 and (principal.models is None or m in principal.models)]
         return {"object": "list", "data": [{"id": m, "object": "model", "created": 0,
-                                             "owned_by": "spectrum"} for m in names]}
+                                             "owned_by": "spectrum"}
+                                            for m in self.models_allowed(limits, principal)]}
+
+    @staticmethod
+    def may_use(limits: TenantLimits, principal, model: str) -> bool:
+        """The tenant's models, narrowed by the key's when it names some."""
+        return limits.allows(model) and (principal.models is None or model in principal.models)
+
+    def models_allowed(self, limits: TenantLimits, principal) -> list[str]:
+        return [m for m in self.config.models if self.may_use(limits, principal, m)]
 
 
 class CompletionRoute:

@@ -21,12 +21,13 @@ EVENT_STREAM = b"text/event-stream; charset=utf-8"
 DRAIN_LIMIT = 64 * 1024 * 1024
 
 
-def request_headers(scope: dict) -> dict[str, str]:
-    """The request's headers by lower-case name (ASGI servers lower-case them); of a repeated
-    header, the first."""
+def request_headers(scope: dict, wanted: frozenset[bytes]) -> dict[str, str]:
+    """The ``wanted`` headers of the request by lower-case name (ASGI servers lower-case
+    them); of a repeated header, the first. Only those: an SDK sends a dozen more."""
     headers: dict[str, str] = {}
     for name, value in scope["headers"]:
-        headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+        if name in wanted:
+            headers.setdefault(name.decode("latin-1"), value.decode("latin-1"))
     return headers
 
 

@@ -125,10 +125,11 @@ class MemoryStore:
         if limits is not None:
             await self.quota.settle(limits, request_id, tokens_delta, cost_delta_usd)
         if entry is not None:
-            if self._ledger is None:     # kept open, line-buffered: each entry lands whole
+            if self._ledger is None:     # kept open; one append per entry, so each lands whole
                 self.dir.mkdir(parents=True, exist_ok=True)
-                self._ledger = open(self.ledger_path, "a", buffering=1)
-            self._ledger.write(meter.ledger_json(entry) + "\n")
+                self._ledger = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
+                                       0o644)
+            os.write(self._ledger, (meter.ledger_json(entry) + "\n").encode())
         for field, value in increments.items():
             self.counters[field] = self.counters.get(field, 0) + value
 
@@ -162,7 +163,8 @@ class MemoryStore:
 
     async def close(self) -> None:
         if self._ledger is not None:
-            self._ledger.close()
+            os.close(self._ledger)
+            self._ledger = None
 
 
 # KEYS: the metrics hash. ARGV: field, increment, field, increment, ...
