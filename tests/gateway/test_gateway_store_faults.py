@@ -13,8 +13,9 @@ import httpx
 import pytest
 import redis
 
-from gateway_harness import Gateway, RedisServer, gateway_config, wait_for
-from spectrum_gateway.config import config_from_dict
+from gateway_harness import Gateway, RedisServer, gateway_config, tcp_server, wait_for
+from spectrum_gateway.config import TenantLimits, config_from_dict
+from spectrum_gateway.errors import StoreUnavailable
 from spectrum_gateway.store import RedisStore
 
 HI = [{"role": "user", "content": "hi"}]
@@ -127,6 +128,60 @@ def test_the_ledger_is_trimmed_by_count_and_by_age(tmp_path, redis_server):
     assert 100 <= client.xlen("spectrum:ledger") <= 200
     assert entries[-1]["request_id"] == "r999" and not any(e["request_id"].startswith("old")
                                                             for e in entries)
+
+
+def test_a_reservation_whose_reply_is_lost_is_given_back_once_redis_answers(
+        tmp_path, redis_server):
+    """Redis runs the reservation but its reply never arrives (cut off here by a proxy that
+    passes the command on and drops the answer): the request gets 503, and the slot it may
+    hold is settled once Redis answers again, not kept for the lease."""
+    limits = TenantLimits("lost-reply", max_concurrency=1)
+    drop_replies = False
+
+    async def proxy(reader, writer, n):
+        upstream_reader, upstream_writer = await asyncio.open_connection(
+            "127.0.0.1", redis_server.port)
+
+        async def back():
+            while data := await upstream_reader.read(65536):
+                if not drop_replies:
+                    writer.write(data)
+        relay = asyncio.ensure_future(back())
+        try:
+            while data := await reader.read(65536):
+                upstream_writer.write(data)
+        finally:
+            relay.cancel()
+            upstream_writer.close()
+
+    async def go():
+        nonlocal drop_replies
+        server, port = await tcp_server(proxy)
+        config = config_from_dict({
+            "store": f"redis://127.0.0.1:{port}/6", "store_command_timeout_ms": 300,
+            "concurrency_lease_s": 600,
+            "models": {"m": {"upstreams": [{"name": "u", "url": "http://127.0.0.1:9"}]}}},
+            tmp_path / "gateway.yaml")
+        store = RedisStore(config)
+        try:
+            warm = await store.reserve(TenantLimits("warm-up"), "w", 1, 0.0)   # scripts loaded
+            assert warm.allowed
+            drop_replies = True
+            with pytest.raises(StoreUnavailable, match="no reply within 300 ms"):
+                await store.reserve(limits, "lost", 10, 0.0)
+            assert len(store.pending) == 1
+            drop_replies = False
+            taken = await store.reserve(limits, "second", 10, 0.0)    # Redis kept the first
+            assert not taken.allowed and taken.reason == "concurrency"
+            await store.flush_pending()                              # what upkeep does
+            assert not store.pending
+            third = await store.reserve(limits, "third", 10, 0.0)
+            assert third.allowed and third.tokens == 10     # the lost one's tokens given back
+        finally:
+            await store.close()
+            await asyncio.sleep(0.1)       # the proxy sees the client go and closes its side
+            server.close()
+    asyncio.run(go())
 
 
 @pytest.mark.parametrize("value, message", [

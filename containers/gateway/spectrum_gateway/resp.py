@@ -21,7 +21,13 @@ from urllib.parse import unquote, urlsplit
 
 
 class Unreachable(Exception):
-    """No answer from Redis: it could not be reached, dropped the connection, or was silent."""
+    """No answer from Redis: it could not be reached, dropped the connection, or was silent.
+    ``sent``: the command had been written, so Redis may have run it and only the reply is
+    missing."""
+
+    def __init__(self, detail: str, sent: bool = True) -> None:
+        super().__init__(detail)
+        self.sent = sent
 
 
 class ReplyError(Exception):
@@ -127,6 +133,11 @@ class _Connection(asyncio.Protocol):
                 waiter.set_exception(error)
 
     def send(self, loop, payload: bytes, count: int) -> list[asyncio.Future]:
+        # The transport closes before connection_lost arrives: nothing is written on it then.
+        if self.lost is None and self.transport.is_closing():
+            self.fail(Unreachable("Redis closed the connection", sent=False))
+        if self.lost is not None:
+            raise Unreachable(str(self.lost), sent=False)
         waiters = [loop.create_future() for _ in range(count)]
         self.waiting.extend(waiters)
         self.transport.write(payload)
@@ -160,11 +171,11 @@ class Redis:
                 _Connection, self.host, self.port,
                 ssl=ssl.create_default_context() if self.tls else None), self.connect_timeout_s)
         except asyncio.TimeoutError:
-            raise Unreachable(f"connecting timed out after {self.connect_timeout_s * 1000:g} ms") \
-                from None
+            raise Unreachable(f"connecting timed out after {self.connect_timeout_s * 1000:g} ms",
+                              sent=False) from None
         except OSError as e:
             raise Unreachable(f"cannot connect to {self.host}:{self.port} "
-                              f"({e.strerror or e})") from None
+                              f"({e.strerror or e})", sent=False) from None
         setup = []
         if self.password is not None:
             setup.append(("AUTH", self.username, self.password) if self.username
@@ -174,7 +185,7 @@ class Redis:
         if setup:
             for reply in await self._round_trip(connection, setup):
                 if isinstance(reply, ReplyError):
-                    connection.fail(Unreachable(f"Redis refused {reply}"))
+                    connection.fail(Unreachable(f"Redis refused {reply}", sent=False))
                     raise connection.lost
         return connection
 

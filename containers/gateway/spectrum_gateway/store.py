@@ -231,7 +231,14 @@ class RedisStore:
 
     async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
                       cost_usd: float) -> Decision:
-        decision = await self._call(self.quota.reserve(limits, request_id, tokens, cost_usd))
+        try:
+            decision = await self.quota.reserve(limits, request_id, tokens, cost_usd)
+        except Unreachable as e:
+            if e.sent:
+                # Redis may have taken the slot and only its reply was lost: give it back
+                # once Redis answers (settling a slot that was never taken does nothing).
+                self.pending.append((limits, request_id, -tokens, -cost_usd, None, {}))
+            raise StoreUnavailable(self.name, str(e)) from None
         if decision.allowed:
             self.held[request_id] = limits.name
         return decision
