@@ -7,6 +7,7 @@ use up the tenant's allowance.
 """
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -42,6 +43,26 @@ READ_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-session-id"})
 
 def _header_safe(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else " " for c in text)[:300]
+
+
+async def to_the_end(step):
+    """Await ``step`` (a request's settle) to its end even when this task is cancelled
+    meanwhile, then let the cancellation through. A client that hangs up right after the last
+    event cancels the task while the stream is being settled; anyio's shield does not stop
+    asyncio's own cancel, and a settle cut short would keep the tenant's slot."""
+    task = asyncio.ensure_future(step)
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 async def close_upstream(response) -> None:
@@ -451,12 +472,14 @@ class Gateway:
             raise
         finally:
             self.inflight -= 1
-            with anyio.CancelScope(shield=True):
+
+            async def settle():
                 await response.aclose()
                 try:
                     await self.finish(call, status, usage, chunks)
                 except GatewayError as e:      # kept by the store, settled once it is back
                     log.error("request %s not metered yet: %s", call.request_id, e.message)
+            await to_the_end(settle())
 
     async def models(self, request: Request) -> dict:
         principal = await self.auth.authenticate(request.headers)
