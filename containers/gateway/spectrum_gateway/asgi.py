@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import anyio
 
 from .errors import GatewayError
 
@@ -100,8 +99,7 @@ class Relay:
         try:
             await unless_client_leaves(receive, lambda: self._stream(send))
         finally:
-            with anyio.CancelScope(shield=True):
-                await self.events.aclose()
+            await self.events.aclose()   # its own finally settles the request to the end
 
     async def _stream(self, send) -> None:
         await send(response_start(200, self.headers, EVENT_STREAM))
