@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from gateway_harness import tcp_server     # (and spectrum_gateway on sys.path)
-from spectrum_gateway.resp import (_INCOMPLETE, Redis, ReplyError, Script, Unreachable, encode,
-                                   parse)
+from spectrum_gateway.resp import (_INCOMPLETE, Redis, ReplyError, Script, Unreachable,
+                                   _Connection, encode, parse)
 
 
 def test_encode_and_parse_every_reply_kind_at_every_split():
@@ -155,6 +155,55 @@ def test_nothing_listening_and_garbage_are_unreachable_at_once():
         with pytest.raises(Unreachable, match="not a RESP2 reply"):
             await Redis(f"redis://127.0.0.1:{port}/0", 1.0, 1.0).command("PING")
         server.close()
+    run(main())
+
+
+class RecordingTransport(asyncio.Transport):
+    """The socket's end of a connection: what was written, call by call."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.closing = False
+
+    def write(self, data) -> None:
+        self.writes.append(bytes(data))
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+
+def test_commands_given_in_one_turn_go_out_in_one_write_and_an_unwritten_one_is_not_sent():
+    async def main():
+        loop = asyncio.get_running_loop()
+        connection, transport = _Connection(), RecordingTransport()
+        connection.connection_made(transport)
+        first = connection.send(loop, encode(("INCR", "a")), 1)
+        both = connection.send(loop, encode(("GET", "a")) + encode(("GET", "b")), 2)
+        assert transport.writes == []                   # not yet: at the end of this turn
+        await asyncio.sleep(0)
+        assert transport.writes == [encode(("INCR", "a")) + encode(("GET", "a"))
+                                    + encode(("GET", "b"))]
+        connection.data_received(b":1\r\n$1\r\n1\r\n")
+        connection.data_received(b"$-1\r\n")
+        assert [w.result() for w in first + both] == [1, b"1", None]
+
+        # Redis drops the connection with one command written and one still to be: only the
+        # written one may have run (so only its reservation is given back later).
+        written = connection.send(loop, encode(("INCR", "a")), 1)
+        await asyncio.sleep(0)
+        unwritten = connection.send(loop, encode(("INCR", "a")), 1)
+        connection.connection_lost(None)
+        await asyncio.sleep(0)
+        assert len(transport.writes) == 2                # the second was never written
+        assert written[0].exception().sent is True
+        assert unwritten[0].exception().sent is False
+        with pytest.raises(Unreachable) as refused:
+            connection.send(loop, encode(("PING",)), 1)
+        assert refused.value.sent is False
     run(main())
 
 

@@ -42,7 +42,24 @@ _INCOMPLETE = object()
 
 
 def encode(command: tuple) -> bytes:
-    """A command as RESP's array of bulk strings."""
+    """A command as RESP's array of bulk strings. Built as text and encoded once when every
+    argument is ASCII text or a number (nearly always: the quota's and ledger's commands):
+    half the CPU of a bytes join per argument."""
+    text = [f"*{len(command)}\r\n"]
+    for arg in command:
+        kind = type(arg)
+        if kind is str:
+            if not arg.isascii():
+                return _encode_bytes(command)
+        elif kind is int or kind is float:
+            arg = repr(arg)
+        else:
+            return _encode_bytes(command)
+        text.append(f"${len(arg)}\r\n{arg}\r\n")
+    return "".join(text).encode()
+
+
+def _encode_bytes(command: tuple) -> bytes:
     parts = [b"*%d\r\n" % len(command)]
     for arg in command:
         if isinstance(arg, str):
@@ -51,7 +68,7 @@ def encode(command: tuple) -> bytes:
             arg = repr(arg).encode()
         elif isinstance(arg, int):
             arg = b"%d" % arg
-        parts += (b"$%d\r\n" % len(arg), arg, b"\r\n")
+        parts.append(b"$%d\r\n%s\r\n" % (len(arg), arg))
     return b"".join(parts)
 
 
@@ -95,6 +112,11 @@ class _Connection(asyncio.Protocol):
         self.buffer = bytearray()
         self.waiting: deque[asyncio.Future] = deque()      # one per command sent, in order
         self.lost: Exception | None = None
+        # Commands given in one turn of the loop go out in one write at its end: on loopback a
+        # write costs far more than the commands it carries, and concurrent requests' reserves
+        # and settles often fall in the same turn.
+        self.outgoing: list[bytes] = []
+        self.unwritten = 0            # the last this many of ``waiting`` are still in outgoing
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -122,26 +144,41 @@ class _Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.fail(Unreachable("Redis closed the connection" + (f" ({exc})" if exc else "")))
 
-    def fail(self, error: Exception) -> None:
+    def fail(self, error: Unreachable) -> None:
         if self.lost is None:
             self.lost = error
         if self.transport is not None:
             self.transport.close()
         waiting, self.waiting = self.waiting, deque()
-        for waiter in waiting:
+        written = len(waiting) - self.unwritten
+        self.outgoing, self.unwritten = [], 0
+        for index, waiter in enumerate(waiting):
             if not waiter.done():
-                waiter.set_exception(error)
+                waiter.set_exception(error if index < written or not error.sent
+                                     else Unreachable(str(error), sent=False))
 
     def send(self, loop, payload: bytes, count: int) -> list[asyncio.Future]:
-        # The transport closes before connection_lost arrives: nothing is written on it then.
+        # The transport closes before connection_lost arrives: nothing is written on it then
+        # (what was written before may have run; what was not, did not).
         if self.lost is None and self.transport.is_closing():
-            self.fail(Unreachable("Redis closed the connection", sent=False))
+            self.fail(Unreachable("Redis closed the connection"))
         if self.lost is not None:
             raise Unreachable(str(self.lost), sent=False)
         waiters = [loop.create_future() for _ in range(count)]
         self.waiting.extend(waiters)
-        self.transport.write(payload)
+        if not self.outgoing:
+            loop.call_soon(self._write)
+        self.outgoing.append(payload)
+        self.unwritten += count
         return waiters
+
+    def _write(self) -> None:
+        if self.lost is None and self.transport.is_closing():
+            self.fail(Unreachable("Redis closed the connection"))
+        if self.outgoing:
+            payload = self.outgoing[0] if len(self.outgoing) == 1 else b"".join(self.outgoing)
+            self.outgoing, self.unwritten = [], 0
+            self.transport.write(payload)
 
     def silent(self, waiter: asyncio.Future, timeout_s: float) -> None:
         if not waiter.done():
