@@ -24,6 +24,7 @@ def test_bearer_api_key_is_answered_with_rate_limit_headers(gateway, acme_key):
               "x-ratelimit-reset-requests"):
         assert raw.headers[h]
     assert raw.headers["x-ratelimit-limit-requests"] == "100000"
+    assert "server" not in raw.headers        # a public endpoint need not name its software
 
 
 def test_x_api_key_header_works_too(gateway, acme_key):

@@ -30,6 +30,7 @@ def test_rpm_30_exact_over_two_workers(gateway):
     assert remaining == list(range(30))        # each of the 30 saw its own place in the window
     for code, headers in results:
         assert headers["x-ratelimit-limit-requests"] == "30"
+        assert "server" not in headers             # the workers do not name their software
         if code == 429:
             assert headers["x-ratelimit-remaining-requests"] == "0"
             reset_s = _seconds(headers["x-ratelimit-reset-requests"])

@@ -25,6 +25,8 @@ def check_startup(config: GatewayConfig, workers: int) -> None:
 
 
 def run(config_path: str, host: str, port: int, workers: int, log_level: str = "info") -> None:
+    """No access log (the ledger records every request) and no ``server: uvicorn`` header
+    (a public endpoint need not name its software)."""
     config = load_config(config_path)
     check_startup(config, workers)
     from .auth import load_secret
@@ -38,7 +40,7 @@ def run(config_path: str, host: str, port: int, workers: int, log_level: str = "
         import uvicorn
         uvicorn.run("spectrum_gateway.app:create_app", factory=True, host=host, port=port,
                     log_level=log_level, access_log=False, proxy_headers=False,
-                    timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
+                    server_header=False, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S)
     else:
         serve_workers(config, host, port, workers, log_level)
 
@@ -56,7 +58,7 @@ def serve_workers(config: GatewayConfig, host: str, port: int, workers: int,
 
     class GatewayWorker(UvicornWorker):
         CONFIG_KWARGS = {**UvicornWorker.CONFIG_KWARGS, "access_log": False,
-                         "proxy_headers": False,
+                         "proxy_headers": False, "server_header": False,
                          "timeout_graceful_shutdown": GRACEFUL_SHUTDOWN_S}
 
     class GatewayWorkers(BaseApplication):
