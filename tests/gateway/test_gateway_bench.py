@@ -39,5 +39,8 @@ def test_a_tiny_run_measures_every_contender_and_loses_no_stream(tmp_path):
     for row in results["rows"]:
         if row["mode"] == "stream":
             assert row["tokens"] == 4 * 16 and row["ttft_ms_p50"] > 0
+            if row["contender"] != "direct":     # the kernel's share is part of the total
+                assert 0 <= row["proxy_kernel_cpu_ms_per_token"] <= row["proxy_cpu_ms_per_token"]
+    assert "| of it kernel |" in done.stdout
     # The table printed is the one the README shows: a row per contender and mode.
     assert done.stdout.count("| 2 | floor |") == 2 and done.stdout.count("| 2 | gateway |") == 2
