@@ -4,6 +4,7 @@ stops it with SIGTERM while requests are in flight."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -34,6 +35,15 @@ def test_ping_503_while_loading_then_200(byo_server):
     for method in ("get", "post"):
         r = getattr(requests, method)(byo_server.url + "/ping", timeout=2)
         assert r.status_code == 200 and r.content == b""
+
+
+def test_the_heap_loading_left_is_frozen_before_ready(byo_server):
+    """vLLM and torch leave hundreds of thousands of objects a full collection would walk
+    with the loop stopped; the server freezes them once, as it becomes ready."""
+    log = byo_server.log.read_text()
+    frozen = re.search(r"start-up heap frozen: (\d+) objects", log)
+    assert frozen, log[-3000:]
+    assert int(frozen.group(1)) > 100_000
 
 
 # (route, body builder, expected dialect of the answer)
