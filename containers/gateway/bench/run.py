@@ -21,7 +21,7 @@ between contenders means something only where it is wider than those ranges.
 
     .venv/bin/python containers/gateway/bench/run.py --rounds 3 --concurrency 1,8,32,64 \\
         --contenders direct,gateway,gateway-redis \\
-        --json containers/gateway/bench/results-2026-12-01-asgi-resp.json
+        --json /tmp/gateway-bench.json
 
 (``gateway-redis``: two gunicorn/uvicorn workers sharing a ``redis-server`` the bench starts;
 ``gateway@git:REV``, ``gateway-redis@git:REV``: the gateway as it was at git revision REV, to
@@ -380,8 +380,10 @@ async def run_level(c: Contender, upstream: Process, concurrency: int, requests:
         proxy_cpu = proxy_kernel = None
         if c.proxy:
             (user_after, kernel_after), (user_before, kernel_before) = c.proxy.cpu_s(), proxy_before
-            proxy_cpu = user_after + kernel_after - user_before - kernel_before
             proxy_kernel = kernel_after - kernel_before
+            # The kernel's delta plus the user's, so the total is never a float's hair below
+            # its kernel share (CPU times come in 10 ms ticks: the user's may be 0).
+            proxy_cpu = (user_after - user_before) + proxy_kernel
         upstream_cpu = sum(upstream.cpu_s()) - sum(upstream_before)
     row = {"contender": c.name, "mode": "whole" if whole else "stream",
            "concurrency": concurrency, "requests": requests, "wall_s": round(wall, 3),
