@@ -1,5 +1,6 @@
 """What every layer of Spectrum shares, and nothing else: bad input, secret masking, the rungs
-as data and the names of the wire dialects.
+as data, the names of the wire dialects, and (``heap``) how a long-lived server keeps its
+start-up heap out of the garbage collector's way.
 
 It imports nothing of the project (``tests/import_graph.py`` checks it), so the CLIs, the rungs,
 ``cost/``, ``infra/`` and the images under ``containers/`` can all import it, and an image

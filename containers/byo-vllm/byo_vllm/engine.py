@@ -15,12 +15,13 @@ saying why, never serving a silently wrong stream.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import time
 import uuid
 from typing import Any, AsyncIterator
+
+from options.core.heap import freeze_start_up_heap
 
 from . import metrics
 from .config import WORKER_BOOT_ERROR, ConfigError, ServerSettings
@@ -63,18 +64,6 @@ def check_vllm() -> str | None:
         log.warning("vLLM %s is not a release this server was tested with (%s); its engine "
                     "API checks passed, serving anyway", version, ", ".join(TESTED_VLLM))
     return None
-
-
-def freeze_start_up_heap() -> None:
-    """Put what loading left (vLLM, torch, the tokenizer: ~400,000 objects) out of the cyclic
-    collector's reach, as vLLM's own server does once it is up. It lives as long as the
-    process, yet each full collection walked all of it: ~0.4 s with the loop stopped, every
-    stream stalled. Once, before /ping says ready; requests' objects are collected as before."""
-    started = time.monotonic()
-    gc.collect()
-    gc.freeze()
-    log.info("start-up heap frozen: %d objects out of the collector's reach (%.0f ms)",
-             gc.get_freeze_count(), (time.monotonic() - started) * 1000)
 
 
 class EngineAdapter:
@@ -129,7 +118,7 @@ class EngineAdapter:
                 log.exception("LoRA adapters could not be set up")
                 self._fail(f"LoRA adapters could not be set up: {type(e).__name__}: {e}")
                 os._exit(WORKER_BOOT_ERROR)
-        freeze_start_up_heap()
+        freeze_start_up_heap(log)
         self.state = "ready"
 
     def _build(self) -> None:

@@ -8,7 +8,6 @@ use up the tenant's allowance.
 from __future__ import annotations
 
 import asyncio
-import gc
 import itertools
 import json
 import logging
@@ -22,6 +21,8 @@ import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from options.core.heap import freeze_start_up_heap
 
 from . import meter
 from .asgi import Answer, Relay, read_body, request_headers, unless_client_leaves
@@ -519,15 +520,6 @@ def internal_error_body(e: Exception) -> dict:
                       "internal_error")
 
 
-def freeze_start_up_heap() -> None:
-    """Put what start-up loaded (FastAPI, pydantic, the config: ~50,000 objects) out of the
-    cyclic collector's reach. It lives as long as the process, yet each full collection walked
-    all of it: a 50-60 ms pause for every request in flight, measured here once in a process's
-    first 10,000-50,000 requests. What requests leave behind is still collected."""
-    gc.collect()
-    gc.freeze()
-
-
 def create_app(config: GatewayConfig | None = None):
     """The ASGI app; without a config, the one named by $SPECTRUM_GATEWAY_CONFIG (how
     uvicorn's workers build it)."""
@@ -537,7 +529,7 @@ def create_app(config: GatewayConfig | None = None):
     @asynccontextmanager
     async def lifespan(_app):
         await gateway.warm()
-        freeze_start_up_heap()
+        freeze_start_up_heap(log)
         yield
         await gateway.close()
 
