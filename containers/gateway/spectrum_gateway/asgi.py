@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-
 from .errors import GatewayError
 
 JSON = b"application/json"

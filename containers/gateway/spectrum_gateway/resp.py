@@ -157,11 +157,14 @@ class _Connection(asyncio.Protocol):
                 waiter.set_exception(error if index < written or not error.sent
                                      else Unreachable(str(error), sent=False))
 
-    def send(self, loop, payload: bytes, count: int) -> list[asyncio.Future]:
+    def _check_open(self) -> None:
         # The transport closes before connection_lost arrives: nothing is written on it then
         # (what was written before may have run; what was not, did not).
         if self.lost is None and self.transport.is_closing():
             self.fail(Unreachable("Redis closed the connection"))
+
+    def send(self, loop, payload: bytes, count: int) -> list[asyncio.Future]:
+        self._check_open()
         if self.lost is not None:
             raise Unreachable(str(self.lost), sent=False)
         waiters = [loop.create_future() for _ in range(count)]
@@ -173,9 +176,8 @@ class _Connection(asyncio.Protocol):
         return waiters
 
     def _write(self) -> None:
-        if self.lost is None and self.transport.is_closing():
-            self.fail(Unreachable("Redis closed the connection"))
-        if self.outgoing:
+        self._check_open()
+        if self.outgoing:                # (emptied by fail)
             payload = self.outgoing[0] if len(self.outgoing) == 1 else b"".join(self.outgoing)
             self.outgoing, self.unwritten = [], 0
             self.transport.write(payload)
