@@ -87,7 +87,7 @@ def read_usage(path: str | Path) -> list[dict]:
     path = Path(path)
     where = f"usage file {str(path)!r}"
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")   # the ledger is UTF-8 JSON
     except FileNotFoundError:
         raise BadInput(f"{where} does not exist (write one with `containers/gateway/admin --config "
                        f"gateway.yaml usage --json > usage.json`)") from None

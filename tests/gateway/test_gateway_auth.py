@@ -165,6 +165,13 @@ def test_unknown_tenant_without_default_is_403_and_jwks_from_a_url(tmp_path, ups
             gw.client(mint(jwt_keys, "stranger")).chat.completions.create(**CHAT)
         assert "tenant 'stranger' is not configured and this gateway has no default tenant" \
             in info.value.message
+        # A refused request is metered under the names the identity provider gave, in any
+        # script: the ledger line is UTF-8 and reads back as sent.
+        with pytest.raises(openai.PermissionDeniedError):
+            gw.client(mint(jwt_keys, "étranger-東京", sub="utilisateur-ü")).chat.completions \
+                .create(**CHAT)
+        [refused_entry] = gw.ledger(lambda e: e["tenant"] == "étranger-東京")
+        assert (refused_entry["key_id"], refused_entry["status"]) == ("jwt:utilisateur-ü", 403)
         assert gw.client(mint(jwt_keys, "acme", "ES256")).chat.completions.create(**CHAT).usage
         with pytest.raises(openai.AuthenticationError):
             gw.client(mint(jwt_keys, "acme", aud="other")).chat.completions.create(**CHAT)

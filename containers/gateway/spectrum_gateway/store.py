@@ -129,7 +129,7 @@ class MemoryStore:
                 self.dir.mkdir(parents=True, exist_ok=True)
                 self._ledger = os.open(self.ledger_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT,
                                        0o644)
-            os.write(self._ledger, (meter.ledger_json(entry) + "\n").encode())
+            os.write(self._ledger, meter.ledger_line(entry))
         for field, value in increments.items():
             self.counters[field] = self.counters.get(field, 0) + value
 
@@ -148,7 +148,7 @@ class MemoryStore:
         if not self.ledger_path.exists():
             return []
         out = []
-        for line in self.ledger_path.read_text().splitlines():
+        for line in self.ledger_path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 entry = json.loads(line)
                 if since_ms is None or entry["ts_ms"] >= since_ms:

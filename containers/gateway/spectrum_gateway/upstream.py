@@ -8,9 +8,10 @@ the gateway fall back without the client noticing.
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
+
+import orjson
 
 from . import http1
 from .config import GatewayConfig, Upstream
@@ -102,7 +103,7 @@ class OpenAIUpstreams:
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
         try:
             raw = await self.pool.post(
-                url, body if isinstance(body, bytes) else json.dumps(body).encode(), headers)
+                url, body if isinstance(body, bytes) else orjson.dumps(body), headers)
         except http1.ConnectFailed as e:
             raise UpstreamFailure(who, "timeout" if e.timed_out else "refused",
                                   f"timed out ({e})" if e.timed_out else f"unreachable ({e})")
@@ -147,7 +148,7 @@ def event_json(event: bytes) -> dict | None:
             data = line[5:].strip()
             if data and data != b"[DONE]":
                 try:
-                    return json.loads(data)
+                    return orjson.loads(data)
                 except ValueError:
                     return None
     return None
