@@ -10,13 +10,18 @@ import uuid
 import pytest
 
 from gateway_harness import tcp_server     # (and spectrum_gateway on sys.path)
-from spectrum_gateway.resp import (_INCOMPLETE, Redis, ReplyError, Script, Unreachable,
+from spectrum_gateway.resp import (_INCOMPLETE, Head, Redis, ReplyError, Script, Unreachable,
                                    _Connection, encode, parse)
 
 
 def test_encode_and_parse_every_reply_kind_at_every_split():
     assert encode(("SET", "k", b"\x00v", 3, 1.5)) == (
         b"*5\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\x00v\r\n$1\r\n3\r\n$3\r\n1.5\r\n")
+    # A head encoded once stands for its arguments: the same bytes, whatever follows it.
+    for head, rest in [(("EVALSHA", "f" * 40, 2, "k1", "k2"), ("id", -5, 0.25)),
+                       (("XADD", "ledger", "*", "e"), ('{"tenant":"étranger"}',)),
+                       (("SET", "clé"), (b"\x00v",)), (("PING",), ())]:
+        assert encode((Head(*head), *rest)) == encode((*head, *rest))
     wire = (b"+OK\r\n-ERR wrong\r\n:42\r\n$5\r\nhe\r\no\r\n$-1\r\n$0\r\n\r\n"
             b"*3\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n*0\r\n*-1\r\n")
     expected = [b"OK", "ERR wrong", 42, b"he\r\no", None, b"", [1, [b"a", None], []], None]

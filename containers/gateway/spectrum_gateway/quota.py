@@ -12,6 +12,7 @@ The in-memory quota is the same algorithm for one process.
 """
 from __future__ import annotations
 
+import functools
 import math
 import time
 from collections import deque
@@ -285,6 +286,15 @@ return renewed
 """
 
 
+@functools.lru_cache(maxsize=4096)
+def _quota_keys(prefix: str, tenant: str, month: str) -> tuple[str, ...]:
+    """A tenant's quota keys in one month, named once (not on every request). One hash tag per
+    tenant: a Redis Cluster keeps a tenant's keys on one shard."""
+    p = f"{prefix}:q:{{{tenant}}}"
+    return (f"{p}:rq", f"{p}:tq", f"{p}:tamount", f"{p}:ttotal", f"{p}:inflight",
+            f"{p}:spent:{month}")
+
+
 class RedisQuota:
     """The quota shared by every worker and replica, one Lua call per step."""
 
@@ -296,11 +306,8 @@ class RedisQuota:
         self._settle = Script(SETTLE_LUA)
         self._renew = Script(RENEW_LUA)
 
-    def _keys(self, tenant: str, month: str) -> list[str]:
-        # One hash tag per tenant: a Redis Cluster keeps a tenant's keys on one shard.
-        p = f"{self.prefix}:q:{{{tenant}}}"
-        return [f"{p}:rq", f"{p}:tq", f"{p}:tamount", f"{p}:ttotal", f"{p}:inflight",
-                f"{p}:spent:{month}"]
+    def _keys(self, tenant: str, month: str) -> tuple[str, ...]:
+        return _quota_keys(self.prefix, tenant, month)
 
     async def reserve(self, limits: TenantLimits, request_id: str, tokens: int,
                       cost_usd: float) -> Decision:
@@ -317,24 +324,21 @@ class RedisQuota:
                         requests_reset_ms=int(rq_reset), tokens_reset_ms=int(tq_reset),
                         retry_after_ms=max(0, int(retry)), spent_usd=int(spent) / MICRO)
 
-    def _settle_keys(self, limits: TenantLimits) -> list[str]:
-        keys = self._keys(limits.name, month_now()[0])
-        return [keys[2], keys[3], keys[4], keys[5]]
+    def _settle_keys(self, limits: TenantLimits) -> tuple[str, ...]:
+        return self._keys(limits.name, month_now()[0])[2:6]
 
-    def settle_command(self, limits: TenantLimits, request_id: str, tokens_delta: int,
-                       cost_delta_usd: float, whole: bool = False) -> tuple:
-        """The settle script's command, by its SHA (``whole``: with its source), for a
-        pipeline of the caller's (see ``RedisStore.finish``)."""
-        args = [request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]
-        keys = self._settle_keys(limits)
-        return self._settle.whole(keys, args) if whole else self._settle.by_sha(keys, args)
+    def settle_call(self, limits: TenantLimits, request_id: str, tokens_delta: int,
+                    cost_delta_usd: float) -> tuple:
+        """``(script, keys, args)`` of the settle, for a pipeline of the caller's (see
+        ``RedisStore.finish``)."""
+        return (self._settle, self._settle_keys(limits),
+                [request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))])
 
     async def settle(self, limits: TenantLimits, request_id: str, tokens_delta: int,
                      cost_delta_usd: float) -> bool:
         """Free the slot and correct the reservation; False if the slot was already gone."""
-        return bool(await self._settle.run(
-            self.redis, self._settle_keys(limits),
-            [request_id, int(tokens_delta), int(round(cost_delta_usd * MICRO))]))
+        script, keys, args = self.settle_call(limits, request_id, tokens_delta, cost_delta_usd)
+        return bool(await script.run(self.redis, keys, args))
 
     async def renew(self, tenant: str, request_ids: list[str]) -> int:
         """Extend the leases of the slots ``request_ids`` hold; how many were still held."""

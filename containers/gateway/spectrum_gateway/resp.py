@@ -41,27 +41,48 @@ class ReplyError(Exception):
 _INCOMPLETE = object()
 
 
+class Head:
+    """A command's leading arguments that are the same every time it is sent (a script's SHA
+    and keys, the ledger stream's name and trimming), encoded once. First in a command's
+    tuple, it stands for those arguments: only the rest are encoded per request."""
+
+    __slots__ = ("count", "encoded")
+
+    def __init__(self, *args) -> None:
+        self.count = len(args)
+        self.encoded = _encode_args(args)
+
+
 def encode(command: tuple) -> bytes:
-    """A command as RESP's array of bulk strings. Built as text and encoded once when every
-    argument is ASCII text or a number (nearly always: the quota's and ledger's commands):
-    half the CPU of a bytes join per argument."""
-    text = [f"*{len(command)}\r\n"]
-    for arg in command:
+    """A command as RESP's array of bulk strings."""
+    head = command[0]
+    if type(head) is Head:
+        args = command[1:]
+        return b"*%d\r\n" % (head.count + len(args)) + head.encoded + _encode_args(args)
+    return b"*%d\r\n" % len(command) + _encode_args(command)
+
+
+def _encode_args(args: tuple) -> bytes:
+    """Bulk strings, built as text and encoded once when every argument is ASCII text or a
+    number (nearly always: the quota's and ledger's commands): half the CPU of a bytes join
+    per argument."""
+    text = []
+    for arg in args:
         kind = type(arg)
         if kind is str:
             if not arg.isascii():
-                return _encode_bytes(command)
+                return _encode_bytes(args)
         elif kind is int or kind is float:
             arg = repr(arg)
         else:
-            return _encode_bytes(command)
+            return _encode_bytes(args)
         text.append(f"${len(arg)}\r\n{arg}\r\n")
     return "".join(text).encode()
 
 
-def _encode_bytes(command: tuple) -> bytes:
-    parts = [b"*%d\r\n" % len(command)]
-    for arg in command:
+def _encode_bytes(args: tuple) -> bytes:
+    parts = []
+    for arg in args:
         if isinstance(arg, str):
             arg = arg.encode()
         elif isinstance(arg, float):
@@ -284,9 +305,16 @@ class Script:
     def __init__(self, source: str) -> None:
         self.source = source
         self.sha = hashlib.sha1(source.encode()).hexdigest()
+        self._heads: dict[tuple, Head] = {}     # keys → "EVALSHA sha n keys…", encoded
 
     def by_sha(self, keys: list, args: list) -> tuple:
-        return ("EVALSHA", self.sha, len(keys), *keys, *args)
+        keys = tuple(keys)
+        head = self._heads.get(keys)
+        if head is None:
+            if len(self._heads) >= 4096:          # a tenant's keys change once a month
+                self._heads.clear()
+            head = self._heads[keys] = Head("EVALSHA", self.sha, len(keys), *keys)
+        return (head, *args)
 
     def whole(self, keys: list, args: list) -> tuple:
         return ("EVAL", self.source, len(keys), *keys, *args)

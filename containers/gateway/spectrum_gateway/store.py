@@ -26,7 +26,7 @@ from . import meter
 from .config import GatewayConfig, TenantLimits
 from .errors import StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
-from .resp import Redis, ReplyError, Script, Unreachable
+from .resp import Head, Redis, ReplyError, Script, Unreachable
 
 PREFIX = "spectrum"
 KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
@@ -195,6 +195,9 @@ class RedisStore:
         self.ledger_key = f"{PREFIX}:ledger"
         self.metrics_key = f"{PREFIX}:metrics"
         self._count = Script(COUNT_LUA)
+        # The ledger's XADD up to the entry: the same for every request, encoded once.
+        self._ledger_head = Head("XADD", self.ledger_key, "MAXLEN", "~",
+                                 config.ledger_max_entries, "*", "e")
         self._key_cache: dict[str, tuple] = {}     # id → (record, when read)
         # Slots this worker holds (request id → tenant), renewed while their requests run;
         # and the settles Redis did not take, retried until it does (see upkeep).
@@ -269,26 +272,24 @@ class RedisStore:
             # One round trip: the settle script, the ledger entry, the counters' script, the
             # scripts by their SHA. One that a restarted Redis lost goes again with its source
             # (the rest of the pipeline has run by then).
-            commands, whole = [], {}
+            commands, scripts = [], {}      # scripts: index → (script, keys, args)
             if limits is not None:
-                whole[len(commands)] = self.quota.settle_command(
-                    limits, request_id, tokens_delta, cost_delta_usd, whole=True)
-                commands.append(self.quota.settle_command(limits, request_id, tokens_delta,
-                                                          cost_delta_usd))
+                scripts[len(commands)] = settle = self.quota.settle_call(
+                    limits, request_id, tokens_delta, cost_delta_usd)
+                commands.append(settle[0].by_sha(*settle[1:]))
             if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
-                commands.append(("XADD", self.ledger_key, "MAXLEN", "~",
-                                 self.config.ledger_max_entries, "*",
-                                 "e", meter.ledger_json(entry)))
+                commands.append((self._ledger_head, meter.ledger_json(entry)))
             if increments:
-                args = _flat(increments)
-                whole[len(commands)] = self._count.whole([self.metrics_key], args)
-                commands.append(self._count.by_sha([self.metrics_key], args))
+                scripts[len(commands)] = count = (self._count, [self.metrics_key],
+                                                  _flat(increments))
+                commands.append(self._count.by_sha(*count[1:]))
             replies = await self.redis.pipeline(commands)
             lost = [i for i, reply in enumerate(replies)
-                    if isinstance(reply, ReplyError) and reply.no_script and i in whole]
+                    if isinstance(reply, ReplyError) and reply.no_script and i in scripts]
             if lost:
                 replies = [reply for i, reply in enumerate(replies) if i not in lost]
-                replies += await self.redis.pipeline([whole[i] for i in lost])
+                replies += await self.redis.pipeline([scripts[i][0].whole(*scripts[i][1:])
+                                                      for i in lost])
             for reply in replies:
                 if isinstance(reply, ReplyError):
                     raise reply
