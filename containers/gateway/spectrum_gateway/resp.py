@@ -2,9 +2,10 @@
 
 Every request makes two round trips to Redis (reserve; settle + ledger + counters), so the
 client's own CPU is part of every request's: redis-py spent more packing, pooling and parsing a
-command than Redis spent running it. Here a command is one bytes join, replies are parsed in
-order from one buffer, and commands from concurrent requests share the connection (Redis runs
-one at a time anyway, so a pool of connections buys nothing but CPU).
+command than Redis spent running it. Here a command is encoded as text in one go (the part
+that never changes, once per process), replies are parsed in order from one buffer, and
+commands from concurrent requests share the connection (Redis runs one at a time anyway, so
+a pool of connections buys nothing but CPU).
 
 Nothing hangs and nothing is mismatched: connecting is bounded by ``connect_timeout_s`` and
 each round trip by ``command_timeout_s``. A round trip that times out, or a connection that
