@@ -273,23 +273,24 @@ class RedisStore:
             # scripts by their SHA. One that a restarted Redis lost goes again with its source
             # (the rest of the pipeline has run by then).
             commands, scripts = [], {}      # scripts: index → (script, keys, args)
+
+            def add_script(script, keys, args):
+                scripts[len(commands)] = script, keys, args
+                commands.append(script.by_sha(keys, args))
             if limits is not None:
-                scripts[len(commands)] = settle = self.quota.settle_call(
-                    limits, request_id, tokens_delta, cost_delta_usd)
-                commands.append(settle[0].by_sha(*settle[1:]))
+                add_script(*self.quota.settle_call(limits, request_id, tokens_delta,
+                                                   cost_delta_usd))
             if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
                 commands.append((self._ledger_head, meter.ledger_json(entry)))
             if increments:
-                scripts[len(commands)] = count = (self._count, [self.metrics_key],
-                                                  _flat(increments))
-                commands.append(self._count.by_sha(*count[1:]))
+                add_script(self._count, [self.metrics_key], _flat(increments))
             replies = await self.redis.pipeline(commands)
             lost = [i for i, reply in enumerate(replies)
                     if isinstance(reply, ReplyError) and reply.no_script and i in scripts]
             if lost:
                 replies = [reply for i, reply in enumerate(replies) if i not in lost]
-                replies += await self.redis.pipeline([scripts[i][0].whole(*scripts[i][1:])
-                                                      for i in lost])
+                replies += await self.redis.pipeline(
+                    [script.whole(keys, args) for script, keys, args in map(scripts.get, lost)])
             for reply in replies:
                 if isinstance(reply, ReplyError):
                     raise reply
