@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import engine_info, server_env, serving
+from conftest import engine_info, server_env, serving, wait_for
 from options import contract
 from options.contract import Request
 from options.core import wire
@@ -38,26 +38,8 @@ def test_every_dialect_carries_a_priority_the_engine_accepts(priority_server, st
 
 def test_a_more_urgent_request_overtakes_one_that_waited_longer(priority_server):
     """Three requests, one engine slot: A runs; B (priority 5) then C (priority 1) wait; when
-    A ends, C runs before B although B came first (first come, first served: B first).
-
-    A lasts ~6 s here. On this 2-core machine the server sometimes admits B only as A ends
-    (seen in 2 of 8 back-to-back tries), and then B and C do not both wait behind A, or
-    only just before A ends: such a try shows nothing about the order, so it is made again,
-    up to three times; the order is asserted on the first try in which both waited while A
-    still had 200 or more events to go."""
-    failed_setups = []
-    for _ in range(3):
-        order = _race_behind_a_long_request(priority_server)
-        if isinstance(order, list):
-            assert order == ["C", "B"], order
-            return
-        failed_setups.append(order)
-    raise AssertionError(f"B and C never both waited behind A in 3 tries: {failed_setups}")
-
-
-def _race_behind_a_long_request(server):
-    """The order B and C finished in, or why they did not both wait behind A."""
-    url = server.url
+    A ends, C runs before B although B came first (first come, first served: B first)."""
+    url = priority_server.url
     done: dict[str, float] = {}
 
     def send(name: str, body: dict) -> None:
@@ -72,29 +54,19 @@ def _race_behind_a_long_request(server):
     lines = running.iter_lines()
     next(line for line in lines if line.startswith(b"data: "))      # A holds the slot
     short = {"prompt": "Short", "max_tokens": 4, "ignore_eos": True}
-    threads, setup_failed = [], None
+    threads = []
     for name, priority in (("B", 5), ("C", 1)):
         threads.append(threading.Thread(target=send, args=(name, {**short, "priority": priority})))
         threads[-1].start()
-        waiting = len(threads)
-        deadline = time.monotonic() + 20
-        while server.metric("byo_requests_waiting") < waiting and not done:
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
-        if server.metric("byo_requests_waiting") < waiting:
-            setup_failed = f"{name} was not seen waiting behind A (A had ended: {bool(done)})"
-            break
-    if setup_failed is None:
-        assert not done, "B or C ran while A held the only slot"
-    # A runs to its end; it must have run on well after C was seen waiting, or C may not yet
-    # have reached the engine's queue when the slot freed.
+        wait_for(lambda: done or priority_server.metric("byo_requests_waiting") >= len(threads),
+                 20, f"{name} to wait behind A")
+        assert not done, f"{sorted(done)} ran while A held the only slot"
+    # A must run on well after C waits, or the order would show nothing.
     after_c = sum(1 for line in lines if line.startswith(b"data: "))
-    if setup_failed is None and after_c < 200:
-        setup_failed = f"A ended {after_c} events after C was seen waiting"
     for t in threads:
         t.join(300)
-    return setup_failed or sorted(done, key=done.get)
+    assert after_c >= 200, f"A ended only {after_c} events after C was seen waiting"
+    assert sorted(done, key=done.get) == ["C", "B"], done
 
 
 def test_embeddings_on_a_generating_engine_say_what_to_set(priority_server):

@@ -17,7 +17,7 @@ import httpx
 import pytest
 import yaml
 
-from options.local_server import free_port
+from options.local_server import free_port, own_process_group
 
 REPO = Path(__file__).resolve().parents[2]
 GATEWAY_DIR = REPO / "containers" / "gateway"
@@ -129,7 +129,7 @@ class Gateway:
             self.process = subprocess.Popen(
                 [sys.executable, str(GATEWAY_DIR / "serve"), "--config", str(self.config_path),
                  "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers)],
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+                stdout=out, stderr=subprocess.STDOUT, env=env, **own_process_group())
         wait_for(lambda: self.process.poll() is not None or answers(self.url + "/readyz"),
                  START_TIMEOUT_S, "the gateway to answer /readyz")
         assert self.process.poll() is None, self.log()

@@ -34,7 +34,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
 sys.path.insert(0, str(REPO))
 
-from options.local_server import LocalServer, free_port  # noqa: E402
+from options.local_server import LocalServer, free_port, own_process_group  # noqa: E402
 from options.tiny_model import tiny_model_dir  # noqa: E402
 
 ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::EngineCor")
@@ -134,8 +134,8 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
                    "--port", str(port)]
             label = "(c) naive baseline"
         with open(log, "wb") as out:
-            proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+            proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, **own_process_group())
         server = Server(name, label, proc, port, None, log)
     wait_healthy(server)
     return server
