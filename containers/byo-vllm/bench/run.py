@@ -12,6 +12,11 @@ Metrics follow ``vllm bench serve``: TTFT = first content chunk; TPOT = (E2E −
 user+sys CPU time of every process in the server's tree except vLLM's engine processes
 (titled ``VLLM::EngineCore`` / ``VLLM::Worker``, which busy-wait), divided by output tokens.
 
+Servers start as ``options.local_server`` starts them: a process group of their own in this
+process's session. A name ending in ``:own-session`` (``vllm:own-session``) starts that
+server in a session of its own instead, as before 2026-12-01 (see the README's "Long streams
+stalled by how the server was started").
+
     flock /tmp/spectrum-engine.lock .venv/bin/python containers/byo-vllm/bench/run.py \\
         --rounds 3 --json /tmp/byo-bench.json
 """
@@ -98,10 +103,27 @@ class Server:
         return f"http://127.0.0.1:{self.port}"
 
 
+# "NAME:own-session": the server in a session, so a scheduling autogroup, of its own, as every
+# server here was started before 2026-12-01; to measure what that launch cost in one run.
+OWN_SESSION = ":own-session"
+
+
 def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=kv_gib)
-    log = log_dir / f"{name}-{time.strftime('%H%M%S')}.log"
+    log = log_dir / f"{name.replace(':', '_')}-{time.strftime('%H%M%S')}.log"
     port = free_port()
+    own_session = name.endswith(OWN_SESSION)
+    placement = {"start_new_session": True} if own_session else own_process_group()
+    server = _start(name.removesuffix(OWN_SESSION), placement, model, kv_gib, env, log, port)
+    server.name = name
+    if own_session:
+        server.label += " [own session]"
+    wait_healthy(server)
+    return server
+
+
+def _start(name: str, placement: dict, model: str, kv_gib: str, env: dict, log: Path,
+           port: int) -> Server:
     if name.startswith("byo@git:"):
         # "byo@git:REV": this server as it was at git revision REV, to measure a change
         # against what it replaced in the same alternating rounds.
@@ -110,6 +132,7 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
             "HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
             "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib},
             port=port, log_path=log)
+        local.spawn_options = lambda: placement
         local.start()
         server = Server(name, f"(a') this server at {rev}", local.process, port, local, log)
     elif name == "byo" or name.startswith("byo@"):
@@ -119,6 +142,7 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
         local = LocalServer({"HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
                              "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib,
                              **variant}, port=port, log_path=log)
+        local.spawn_options = lambda: placement
         local.start()
         label = "(a) this server" + (f" [{name[4:]}]" if variant else "")
         server = Server(name, label, local.process, port, local, log)
@@ -135,9 +159,8 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
             label = "(c) naive baseline"
         with open(log, "wb") as out:
             proc = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, **own_process_group())
+                                    stderr=subprocess.STDOUT, **placement)
         server = Server(name, label, proc, port, None, log)
-    wait_healthy(server)
     return server
 
 
@@ -161,7 +184,7 @@ class _ServerAtRevision(LocalServer):
 
 def wait_healthy(server: Server, timeout_s: float = 400) -> None:
     import urllib.request
-    path = "/health" if server.name == "vllm" else "/ping"
+    path = "/health" if server.name.startswith("vllm") else "/ping"
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
         if server.process.poll() is not None:
