@@ -118,6 +118,9 @@ class Process:
 def start(name: str, cmd: list[str], port: int, health: str, log_dir: Path,
           env: dict | None = None) -> Process:
     log = log_dir / f"{name}.log"
+    # A session, so a scheduling autogroup, of its own, as the README's tables were measured.
+    # Harmless here: no contender busy-polls, so none keeps the clients' group off the CPU
+    # (vLLM's engine does; containers/byo-vllm/README.md, "Long streams stalled").
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})
