@@ -1,5 +1,6 @@
-"""The completion routes' ASGI ends, against a server's ``receive`` written here: the
-disconnect watch (no task of its own), the body's limits, the answer's head."""
+"""The completion routes' ASGI ends, against a server's ``receive`` and ``send`` written here:
+the disconnect watch (no task of its own), the body's limits, the answer's head, the writer
+that sends a stream's chunks from a callback."""
 from __future__ import annotations
 
 import asyncio
@@ -8,7 +9,7 @@ import pytest
 
 from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
 from spectrum_gateway.asgi import (Answer, read_body, request_headers, response_start,
-                                   unless_client_leaves)
+                                   unless_client_leaves, writer)
 from spectrum_gateway.errors import GatewayError
 
 
@@ -135,3 +136,57 @@ def test_headers_in_and_out():
     assert sent == [{"type": "http.response.start", "status": 404, "headers": [
         (b"content-type", b"application/json"), (b"content-length", b"12"),
         (b"x-request-id", b"r2")]}, {"type": "http.response.body", "body": b'{"error":{}}'}]
+
+
+class FlowControlledSend:
+    """``send`` as uvicorn's works: it waits for the client's buffer to drain while paused,
+    after ``bare_yields`` bare yields; ``fail`` makes it raise."""
+
+    def __init__(self, bare_yields: int = 0) -> None:
+        self.writable = asyncio.Event()
+        self.writable.set()
+        self.sent: list[bytes] = []
+        self.bare_yields = bare_yields
+        self.fail: Exception | None = None
+        self.closed_midway = 0
+
+    async def __call__(self, message: dict) -> None:
+        try:
+            if not self.writable.is_set():
+                for _ in range(self.bare_yields):
+                    await asyncio.sleep(0)
+                await self.writable.wait()
+        except GeneratorExit:
+            self.closed_midway += 1
+            raise
+        if self.fail is not None:
+            raise self.fail
+        self.sent.append(message["body"])
+
+
+@pytest.mark.parametrize("bare_yields", [0, 2])
+def test_writer_sends_at_once_or_hands_back_what_to_wait_on(bare_yields):
+    async def main():
+        send = FlowControlledSend(bare_yields)
+        write = writer(send)
+        assert write(b"one") is None and send.sent == [b"one"]      # sent inside the call
+        send.writable.clear()                                       # the client stops reading
+        held = write(b"two")
+        assert held is not None and send.sent == [b"one"]
+        asyncio.get_running_loop().call_later(0.05, send.writable.set)
+        await held
+        assert send.sent == [b"one", b"two"]
+        send.fail = OSError("the client's socket broke")
+        failed = write(b"three")
+        with pytest.raises(OSError, match="socket broke"):
+            await failed
+        send.fail = None
+        send.writable.clear()                                       # left waiting, then cancelled
+        waiting = asyncio.ensure_future(write(b"four"))
+        await asyncio.sleep(0.02)
+        waiting.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await waiting
+        return send
+    send = run(main())
+    assert send.sent == [b"one", b"two"] and send.closed_midway == 1

@@ -231,6 +231,97 @@ def test_a_slow_reader_pauses_the_upstream_instead_of_buffering_it_all():
     assert received == total and all_sent
 
 
+def test_pump_hands_each_chunk_on_from_the_connections_callback_in_order():
+    """Pushed chunks reach the sink outside any task (from the protocol's callback), in order,
+    the ones that came with the headers first; a cut answer still raises ReadFailed."""
+    words = [b"w%d" % i for i in range(20)]
+
+    async def main():
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                         b"%x\r\n%s\r\n" % (len(words[0]), words[0]))
+            for word in words[1:]:
+                await asyncio.sleep(0.005)
+                writer.write(b"%x\r\n%s\r\n" % (len(word), word))
+                await writer.drain()
+            if n == 1:
+                writer.write(b"0\r\n\r\n")
+            else:
+                await asyncio.sleep(0.05)       # read before the cut
+                writer.transport.abort()
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        got, from_a_task = [], []
+
+        def sink(chunk):
+            got.append(chunk)
+            from_a_task.append(asyncio.current_task() is not None)
+        answer = await pool.post(url, b"{}", {})
+        await answer.pump(sink)
+        answer.close()
+        pool.close()
+        whole, pushed_from_tasks = list(got), from_a_task.count(True)
+        got.clear()
+        pool = http1.Pool(5, 5)             # a new connection: the server cuts this one
+        answer = await pool.post(url, b"{}", {})
+        with pytest.raises(http1.ReadFailed) as failed:
+            await answer.pump(sink)
+        answer.close()
+        pool.close()
+        server.close()
+        return whole, pushed_from_tasks, got, failed.value
+    whole, pushed_from_tasks, cut, failure = asyncio.run(main())
+    assert b"".join(whole) == b"".join(words)
+    # Only what came before the pump started (the first word, with the headers) is handed on
+    # from the pumping task; the other 19 come from the connection's callback.
+    assert pushed_from_tasks <= 1 and len(whole) >= 19
+    assert b"".join(cut) == b"".join(words) and failure.answered and "closed" in str(failure)
+
+
+def test_pump_holds_the_upstream_while_the_sink_is_full_and_loses_nothing():
+    """A sink that asks to wait (its reader is full) pauses reading from the upstream; chunks
+    parsed meanwhile wait their turn, and all 8 MB arrive in order once it drains."""
+    total = 8 * 1024 * 1024
+
+    async def main():
+        async def handler(reader, writer, n):
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % total)
+            for i in range(total // 65536):
+                writer.write(bytes([i % 251]) * 65536)
+            await writer.drain()
+            await asyncio.sleep(5)
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 5)
+        answer = await pool.post(url, b"{}", {})
+        connection = answer._connection
+        got, holds, paused_while_held = [], [], []
+        loop = asyncio.get_running_loop()
+
+        def sink(chunk):
+            got.append(chunk)
+            if len(holds) < 3 and sum(map(len, got)) > (len(holds) + 1) * 1024 * 1024:
+                hold = loop.create_future()
+                holds.append(hold)
+
+                def release():
+                    paused_while_held.append(not connection.transport.is_reading())
+                    hold.set_result(None)
+                loop.call_later(0.2, release)
+                return hold
+            return None
+        await answer.pump(sink)
+        answer.close()
+        pool.close()
+        server.close()
+        return b"".join(got), len(holds), paused_while_held
+    body, held, paused = asyncio.run(main())
+    expected = b"".join(bytes([i % 251]) * 65536 for i in range(total // 65536))
+    assert len(body) == total and body == expected
+    assert held == 3 and paused == [True, True, True]
+
+
 def test_the_request_line_and_host_header_follow_the_url():
     pool = http1.Pool(5, 5)
     assert pool._target("http://[::1]/v1/chat/completions") == (

@@ -5,7 +5,8 @@ in alternating rounds; this file is the pushing one (an ASGI app) and the runner
 
 The push is a probe, not a relay to ship: it patches ``http1``'s body callbacks in its own
 process and gives up on a client that reads slower than the upstream sends (the floor and the
-gateway pause the upstream then). It asks whether the gateway's relay is worth rebuilding so.
+gateway pause the upstream then). It measured the idea before the gateway's relay was rebuilt
+on it (``http1.Response.pump``, ``asgi.writer``).
 
     .venv/bin/python containers/gateway/bench/push_probe.py --rounds 4 --concurrency 8,32
 """

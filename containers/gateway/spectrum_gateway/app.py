@@ -309,7 +309,8 @@ class Gateway:
             response = await self._open(call, order, body, path, answer_headers)
             if response.status_code < 400:
                 want_usage = bool((body.get("stream_options") or {}).get("include_usage"))
-                return Relay(self._relay(response, call, want_usage), answer_headers)
+                return Relay(RelayedStream(self, response, call, want_usage),
+                             answer_headers)
             return await self._whole(response, call, answer_headers)
 
         async def whole():
@@ -442,48 +443,6 @@ class Gateway:
         return Answer(response.status_code, raw, headers,
                       content_type.encode("latin-1") if content_type else b"application/json")
 
-    async def _relay(self, response, call: Call, want_usage: bool):
-        """Pass the upstream's events on as each one completes; keep its usage for the ledger."""
-        usage, chunks, status, buffer = None, 0, 200, b""
-        self.inflight += 1
-        try:
-            async for data in response.aiter_raw():
-                if not buffer and data.endswith(b"\n\n") and b'"usage"' not in data:
-                    chunks += data.count(b"data: {")     # whole events, nothing to take out:
-                    yield data                           # passed on as they came
-                    continue
-                events, buffer = split_events(buffer + data)
-                for event in events:
-                    if b'"usage"' in event:
-                        payload = event_json(event)
-                        if payload and payload.get("usage"):
-                            usage = payload["usage"]
-                            if not want_usage and not payload.get("choices"):
-                                continue      # the usage-only chunk the client did not ask for
-                    if not event.startswith(b"data: [DONE]"):
-                        chunks += 1
-                    yield event
-            if buffer:
-                yield buffer
-        except StreamBroken as e:
-            status = 504 if isinstance(e, StreamTimeout) else 502
-            what = "timed out" if status == 504 else f"broke off ({e})"
-            yield (b"data: " + json.dumps(error_body(status, f"upstream {call.upstream.name} "
-                   f"{what} mid-stream", "upstream_failed")).encode() + b"\n\n")
-        except BaseException:
-            status = 499        # the client went away: the upstream call is aborted below
-            raise
-        finally:
-            self.inflight -= 1
-
-            async def settle():
-                await response.aclose()
-                try:
-                    await self.finish(call, status, usage, chunks)
-                except GatewayError as e:      # kept by the store, settled once it is back
-                    log.error("request %s not metered yet: %s", call.request_id, e.message)
-            await to_the_end(settle())
-
     async def models(self, request: Request) -> dict:
         principal = await self.auth.authenticate(request.headers)
         limits = self.config.tenant(principal.tenant)
@@ -501,6 +460,88 @@ class Gateway:
 
     def models_allowed(self, limits: TenantLimits, principal) -> list[str]:
         return [m for m in self.config.models if self.may_use(limits, principal, m)]
+
+
+class RelayedStream:
+    """One stream on its way to the client: the upstream's events passed on as each one
+    completes, its usage kept for the ledger, the request metered when it ends, however it
+    ends (``Relay`` drives it: ``pump``, then always ``aclose``)."""
+
+    __slots__ = ("gateway", "response", "call", "want_usage", "usage", "chunks", "status",
+                 "buffer", "closed")
+
+    def __init__(self, gateway: Gateway, response, call: Call, want_usage: bool) -> None:
+        self.gateway, self.response, self.call = gateway, response, call
+        self.want_usage = want_usage
+        # 499 until the upstream's answer is pumped: a client gone before it was is metered so.
+        self.usage, self.chunks, self.status, self.buffer = None, 0, 499, b""
+        self.closed = False
+
+    def pass_on(self, data: bytes) -> bytes:
+        """What of ``data`` goes to the client now: its complete events (an unfinished one is
+        kept for the next data), less the usage-only event the client did not ask for."""
+        if not self.buffer and data.endswith(b"\n\n") and b'"usage"' not in data:
+            self.chunks += data.count(b"data: {")       # whole events, nothing to take out:
+            return data                                 # passed on as they came
+        events, self.buffer = split_events(self.buffer + data)
+        kept = []
+        for event in events:
+            if b'"usage"' in event:
+                payload = event_json(event)
+                if payload and payload.get("usage"):
+                    self.usage = payload["usage"]
+                    if not self.want_usage and not payload.get("choices"):
+                        continue          # the usage-only chunk the client did not ask for
+            if not event.startswith(b"data: [DONE]"):
+                self.chunks += 1
+            kept.append(event)
+        return b"".join(kept)
+
+    async def pump(self, write) -> None:
+        """The upstream's answer through ``pass_on`` into ``write`` (``asgi.writer``), each
+        chunk as the upstream connection parses it; a broken upstream ends the stream with an
+        error event."""
+        def sink(data: bytes):
+            out = self.pass_on(data)
+            return write(out) if out else None
+
+        self.gateway.inflight += 1
+        self.status = 200
+        try:
+            await self.response.pump(sink)
+            if self.buffer:
+                await _written(write(self.buffer))
+        except StreamBroken as e:
+            self.status = 504 if isinstance(e, StreamTimeout) else 502
+            what = "timed out" if self.status == 504 else f"broke off ({e})"
+            await _written(write(b"data: " + json.dumps(error_body(
+                self.status, f"upstream {self.call.upstream.name} {what} mid-stream",
+                "upstream_failed")).encode() + b"\n\n"))
+        except BaseException:
+            self.status = 499   # the client went away: the upstream call is aborted on close
+            raise
+        finally:
+            self.gateway.inflight -= 1
+
+    async def aclose(self) -> None:
+        """Close the upstream's answer and settle the request, to the end even when the task
+        is cancelled meanwhile."""
+        if self.closed:
+            return
+        self.closed = True
+
+        async def settle():
+            await self.response.aclose()
+            try:
+                await self.gateway.finish(self.call, self.status, self.usage, self.chunks)
+            except GatewayError as e:      # kept by the store, settled once it is back
+                log.error("request %s not metered yet: %s", self.call.request_id, e.message)
+        await to_the_end(settle())
+
+
+async def _written(held) -> None:
+    if held is not None:
+        await held
 
 
 class CompletionRoute:

@@ -85,26 +85,66 @@ class Answer:
 
 
 class Relay:
-    """A relayed stream of server-sent events, stopped when the client hangs up. Its event
-    generator is always closed, so the upstream call is aborted and the request metered even
-    when the client left while a chunk was being written."""
+    """A relayed stream of server-sent events, stopped when the client hangs up.
 
-    __slots__ = ("events", "headers")
+    ``source`` pumps the upstream's bytes into a writer (``pump(write)``) and is always closed
+    (``aclose()``), which aborts the upstream call and meters the request even when the client
+    left while a chunk was being written."""
 
-    def __init__(self, events, headers: dict[str, str]) -> None:
-        self.events, self.headers = events, headers
+    __slots__ = ("source", "headers")
+
+    def __init__(self, source, headers: dict[str, str]) -> None:
+        self.source, self.headers = source, headers
 
     async def __call__(self, receive, send) -> None:
         try:
             await unless_client_leaves(receive, lambda: self._stream(send))
         finally:
-            await self.events.aclose()   # its own finally settles the request to the end
+            await self.source.aclose()
 
     async def _stream(self, send) -> None:
         await send(response_start(200, self.headers, EVENT_STREAM))
-        async for chunk in self.events:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await self.source.pump(writer(send))
         await send({"type": "http.response.body", "body": b""})
+
+
+def writer(send):
+    """``write(data)``: ``data`` sent to the client now, from whatever callback calls it (the
+    upstream connection's, as each chunk is parsed). None once sent; an awaitable when the
+    server cannot finish the send at once (its buffer to a slow client is full), to be awaited
+    before writing more. It never raises: a failed send raises from that awaitable."""
+    def write(data: bytes):
+        step = send({"type": "http.response.body", "body": data, "more_body": True})
+        try:
+            waiting_on = step.send(None)
+        except StopIteration:
+            return None
+        except Exception as e:       # noqa: BLE001 - raised where the writer's caller waits
+            return _raise(e)
+        return _send_rest(step, waiting_on)
+    return write
+
+
+async def _send_rest(step, waiting_on) -> None:
+    """Drive a send the server could not finish at once to its end, as a task would: wait on
+    what it waits on, then step it on."""
+    try:
+        while True:
+            if waiting_on is None:             # a bare yield: one turn of the loop
+                await asyncio.sleep(0)
+            else:
+                waiting_on._asyncio_future_blocking = False
+                await asyncio.wait([waiting_on])
+            try:
+                waiting_on = step.send(None)
+            except StopIteration:
+                return
+    finally:
+        step.close()
+
+
+async def _raise(error: Exception) -> None:
+    raise error
 
 
 async def unless_client_leaves(receive, work) -> tuple[bool, object]:

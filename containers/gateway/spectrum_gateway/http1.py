@@ -7,6 +7,11 @@ read) cost the gateway more CPU than its own checks did. This client does only w
 needs: POST a body, read the status and headers, hand on the body's chunks as they arrive,
 put the connection back when the answer was read to its end and drop it otherwise.
 
+A stream's chunks can be pulled (``chunks``: the reading task wakes for each) or pushed
+(``pump``: each chunk handed on from the connection's own callback as it is parsed, the task
+woken only at the end, on a failure, or while the reader is full). Pushing is how the gateway
+relays: it took 5-20 % off its CPU per streamed token, side by side with pulling.
+
 Timeouts: ``connect_timeout_s`` for the TCP (and TLS) connect, ``read_timeout_s`` for the
 silence between any two reads, checked by one timer a connection that is re-armed only when
 it fires (not one timer per chunk).
@@ -80,6 +85,8 @@ class _Connection(asyncio.Protocol):
         self.answered = False
         self.last_read = time.monotonic()
         self._waiter: asyncio.Future | None = None
+        self.sink = None              # while ``pump`` runs: where each chunk goes
+        self.held = None              # what the sink asked to wait on, reading paused meanwhile
 
     # -- asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -95,7 +102,8 @@ class _Connection(asyncio.Protocol):
         except httptools.HttpParserError as e:
             self._fail(ReadFailed(f"the upstream's answer is not valid HTTP/1.1 ({e})"))
         else:
-            self._wake()
+            if self.sink is None or self.held is not None or self.complete:
+                self._wake()
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -119,7 +127,14 @@ class _Connection(asyncio.Protocol):
         self.headers_done = True
 
     def on_body(self, body: bytes) -> None:
-        self.chunks.append(body)
+        if self.sink is not None and self.held is None:
+            held = self.sink(body)
+            if held is not None:          # the reader is full: stop reading until it is not
+                self.held = held
+                self.paused = True
+                self.transport.pause_reading()
+            return
+        self.chunks.append(body)          # pulled by ``chunks``, or pushed once ``held`` is done
         if self.streaming:
             self.buffered += len(body)
             if self.buffered > HIGH_WATER and not self.paused:
@@ -216,6 +231,36 @@ class Response:
                 return
             await c.wait()
 
+    async def pump(self, sink) -> None:
+        """Hand the body's chunks to ``sink`` as they arrive, called from the connection's
+        callback, so no task wakes per chunk. ``sink`` returns None, or an awaitable while its
+        reader is full: reading from the upstream stops until that is done. Returns at the end
+        of the body; raises ``ReadFailed`` as ``chunks`` does. ``sink`` must not raise."""
+        c = self._connection
+        while True:
+            while c.chunks:          # came with the headers, or while reading was held
+                held = sink(c.chunks.popleft())
+                if held is not None:
+                    await held
+            if c.complete:
+                return
+            if c.paused:
+                c.paused = False
+                c.last_read = time.monotonic()     # held time is not the upstream's silence
+                c.transport.resume_reading()
+            c.sink = sink
+            try:
+                await c.wait()       # woken at the end, on a failure, or when held
+            except BaseException:
+                _drop(c.held)
+                c.held = None
+                raise
+            finally:
+                c.sink = None
+            if c.held is not None:
+                held, c.held = c.held, None
+                await held
+
     async def read(self) -> bytes:
         c = self._connection
         while not c.complete:
@@ -232,6 +277,14 @@ class Response:
             self._pool.release(self._key, c)
         else:
             c.close()
+
+
+def _drop(held) -> None:
+    """An awaitable nobody will wait on now: closed, if it is a coroutine, so it is not left
+    half-run."""
+    close = getattr(held, "close", None)
+    if close is not None:
+        close()
 
 
 class Pool:

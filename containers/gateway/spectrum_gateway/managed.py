@@ -4,7 +4,7 @@ The OpenAI body becomes the contract's one ``Request``; the contract's dialects 
 Converse arguments or an endpoint's body and turn the answer (or each stream event) back into
 OpenAI's shape. boto3 is synchronous, so each call, and each stream event, runs in a worker
 thread. ``ManagedResponse`` looks to the app like an HTTP upstream's response (status,
-``aread``, ``aiter_raw``, ``aclose``), so fallback, relaying and metering are shared.
+``aread``, ``pump``, ``aclose``), so fallback, relaying and metering are shared.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import anyio
 
 from .config import GatewayConfig, Upstream
 from .errors import GatewayError
-from .upstream import StreamBroken, UpstreamFailure
+from .upstream import StreamBroken, UpstreamFailure, pump_from
 
 
 def _contract():
@@ -50,6 +50,9 @@ class ManagedResponse:
             yield contract.SSE_DONE
         except Exception as e:     # the contract's StreamError, botocore's EventStreamError
             raise StreamBroken(f"{type(e).__name__}: {e}") from None
+
+    async def pump(self, sink) -> None:
+        await pump_from(self.aiter_raw(), sink)
 
     async def aclose(self) -> None:
         if self._closer is not None:

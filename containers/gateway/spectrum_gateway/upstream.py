@@ -41,8 +41,8 @@ class StreamTimeout(StreamBroken):
 
 
 class HttpResponse:
-    """An upstream's HTTP answer, headers read and body not yet: ``aread`` or ``aiter_raw``
-    it, then ``aclose`` (which drops the connection if the body was not read to its end, so
+    """An upstream's HTTP answer, headers read and body not yet: ``aread`` or ``pump`` it,
+    then ``aclose`` (which drops the connection if the body was not read to its end, so
     an abandoned request stops the upstream's work)."""
 
     waits_to_close = False     # back to the pool, or closed, at once
@@ -63,11 +63,10 @@ class HttpResponse:
         except http1.ReadFailed as e:
             raise self._broken(e) from None
 
-    async def aiter_raw(self):
-        """The body's bytes as they arrive (one try around the loop: not one per chunk)."""
+    async def pump(self, sink) -> None:
+        """The body's bytes handed to ``sink`` as they arrive (``http1.Response.pump``)."""
         try:
-            async for chunk in self._response.chunks():
-                yield chunk
+            await self._response.pump(sink)
         except http1.ReadFailed as e:
             raise self._broken(e) from None
 
@@ -76,6 +75,15 @@ class HttpResponse:
         on_close, self.on_close = self.on_close, None
         if on_close is not None:
             on_close()
+
+
+async def pump_from(chunks, sink) -> None:
+    """``pump`` over an answer's chunks as an async iterator, for answers that do not come
+    through ``http1`` (Bedrock's and SageMaker's streams)."""
+    async for chunk in chunks:
+        held = sink(chunk)
+        if held is not None:
+            await held
 
 
 class OpenAIUpstreams:
