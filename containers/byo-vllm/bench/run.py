@@ -124,27 +124,23 @@ def start_server(name: str, model: str, kv_gib: str, log_dir: Path) -> Server:
 
 def _start(name: str, placement: dict, model: str, kv_gib: str, env: dict, log: Path,
            port: int) -> Server:
-    if name.startswith("byo@git:"):
-        # "byo@git:REV": this server as it was at git revision REV, to measure a change
-        # against what it replaced in the same alternating rounds.
-        rev = name[len("byo@git:"):]
-        local = _ServerAtRevision(_worktree(rev), {
-            "HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-            "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib},
-            port=port, log_path=log)
-        local.spawn_options = lambda: placement
+    if name == "byo" or name.startswith("byo@"):
+        settings = {"HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
+                    "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib}
+        if name.startswith("byo@git:"):
+            # "byo@git:REV": this server as it was at git revision REV, to measure a change
+            # against what it replaced in the same alternating rounds.
+            rev = name[len("byo@git:"):]
+            local = _ServerAtRevision(_worktree(rev), settings, port=port, log_path=log)
+            label = f"(a') this server at {rev}"
+        else:
+            # "byo@KEY=VALUE+KEY=VALUE": this server with extra settings, to A/B a setting in
+            # one run (e.g. byo@SPECTRUM_SERVER_READ_TIMEOUT=5).
+            variant = dict(item.split("=", 1) for item in name[4:].split("+") if item)
+            local = LocalServer({**settings, **variant}, port=port, log_path=log)
+            label = "(a) this server" + (f" [{name[4:]}]" if variant else "")
+        local.spawn_options = lambda: placement      # this run's placement (see OWN_SESSION)
         local.start()
-        server = Server(name, f"(a') this server at {rev}", local.process, port, local, log)
-    elif name == "byo" or name.startswith("byo@"):
-        # "byo@KEY=VALUE+KEY=VALUE": this server with extra settings, to A/B a setting in one
-        # run (e.g. byo@SPECTRUM_SERVER_READ_TIMEOUT=5).
-        variant = dict(item.split("=", 1) for item in name[4:].split("+") if item)
-        local = LocalServer({"HF_MODEL_ID": model, "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-                             "SM_VLLM_ENFORCE_EAGER": "", "VLLM_CPU_KVCACHE_SPACE": kv_gib,
-                             **variant}, port=port, log_path=log)
-        local.spawn_options = lambda: placement
-        local.start()
-        label = "(a) this server" + (f" [{name[4:]}]" if variant else "")
         server = Server(name, label, local.process, port, local, log)
     else:
         if name == "vllm":

@@ -15,6 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from spectrum_gateway.asgi import writer  # noqa: E402
 from spectrum_gateway.http1 import Pool  # noqa: E402
 
 UPSTREAM = os.environ.get("SPECTRUM_FLOOR_UPSTREAM", "")
@@ -47,19 +48,37 @@ async def whole_body(receive) -> bytes:
             return body
 
 
-async def app(scope, receive, send) -> None:
-    if scope["type"] == "lifespan":
-        return await _lifespan(receive, send)
-    if scope["method"] != "POST":
-        return await start_up_check(send)
-    body = await whole_body(receive)
-    path = scope["path"].removeprefix("/v1")
-    answer = await pool.post(UPSTREAM + path, body, {"content-type": "application/json"})
-    try:
-        await send({"type": "http.response.start", "status": answer.status, "headers": [
-            (b"content-type", answer.headers.get("content-type", "application/json").encode())]})
-        async for chunk in answer.chunks():
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-    finally:
-        answer.close()
-    await send({"type": "http.response.body", "body": b""})
+def relay(pass_on):
+    """The floor's ASGI app, the answer's body passed on by ``pass_on(answer, send)``."""
+    async def app(scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            return await _lifespan(receive, send)
+        if scope["method"] != "POST":
+            return await start_up_check(send)
+        body = await whole_body(receive)
+        path = scope["path"].removeprefix("/v1")
+        answer = await pool.post(UPSTREAM + path, body, {"content-type": "application/json"})
+        try:
+            await send({"type": "http.response.start", "status": answer.status, "headers": [
+                (b"content-type",
+                 answer.headers.get("content-type", "application/json").encode())]})
+            await pass_on(answer, send)
+        finally:
+            answer.close()
+        await send({"type": "http.response.body", "body": b""})
+    return app
+
+
+async def _pull(answer, send) -> None:
+    """Each chunk pulled by the request's task, woken for it, then written."""
+    async for chunk in answer.chunks():
+        await send({"type": "http.response.body", "body": chunk, "more_body": True})
+
+
+async def _push(answer, send) -> None:
+    """Each chunk written from the upstream connection's callback, as the gateway relays."""
+    await answer.pump(writer(send))
+
+
+app = relay(_pull)            # the bench's floor
+push_app = relay(_push)       # bench/push_probe.py's other relay

@@ -1,12 +1,7 @@
-"""Probe: what the floor relay (``floor_relay.py``) would cost per streamed token if each
-chunk from the upstream were written to the client from the upstream connection's own
-callback, instead of waking the request's task once per chunk. Both relays run side by side
-in alternating rounds; this file is the pushing one (an ASGI app) and the runner.
-
-The push is a probe, not a relay to ship: it patches ``http1``'s body callbacks in its own
-process and gives up on a client that reads slower than the upstream sends (the floor and the
-gateway pause the upstream then). It measured the idea before the gateway's relay was rebuilt
-on it (``http1.Response.pump``, ``asgi.writer``).
+"""Probe: the floor relay (``floor_relay.py``) pulling each chunk from the upstream (the
+request's task woken for each) against the same relay pushing it (written from the upstream
+connection's callback, ``http1.Response.pump`` into ``asgi.writer``, as the gateway relays),
+side by side in alternating rounds: what pushing saves per streamed token on the bare stack.
 
     .venv/bin/python containers/gateway/bench/push_probe.py --rounds 4 --concurrency 8,32
 """
@@ -14,79 +9,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent)]
-
-from floor_relay import start_up_check, whole_body  # noqa: E402
-from spectrum_gateway import http1  # noqa: E402
-
-UPSTREAM = os.environ.get("SPECTRUM_FLOOR_UPSTREAM", "")
-_queue_body = http1._Connection.on_body
-_complete = http1._Connection.on_message_complete
-
-
-def _on_body(self, body: bytes) -> None:
-    push = getattr(self, "push", None)
-    if push is None:
-        _queue_body(self, body)
-    else:
-        push(body)
-
-
-def _on_message_complete(self) -> None:
-    _complete(self)
-    done = getattr(self, "push_done", None)
-    if done is not None and not done.done():
-        done.set_result(None)
-
-
-async def app(scope, receive, send) -> None:
-    if scope["type"] == "lifespan":
-        http1._Connection.on_body = _on_body               # this process only
-        http1._Connection.on_message_complete = _on_message_complete
-        app.pool = http1.Pool(connect_timeout_s=10, read_timeout_s=300)
-        while (await receive())["type"] != "lifespan.shutdown":
-            await send({"type": "lifespan.startup.complete"})
-        app.pool.close()
-        await send({"type": "lifespan.shutdown.complete"})
-        return
-    if scope["method"] != "POST":
-        return await start_up_check(send)
-    body = await whole_body(receive)
-    answer = await app.pool.post(UPSTREAM + scope["path"].removeprefix("/v1"), body,
-                                 {"content-type": "application/json"})
-    connection = answer._connection
-    try:
-        await send({"type": "http.response.start", "status": answer.status, "headers": [
-            (b"content-type", answer.headers.get("content-type", "application/json").encode())]})
-        while connection.chunks:             # what came with the headers
-            await send({"type": "http.response.body", "body": connection.chunks.popleft(),
-                        "more_body": True})
-        if not connection.complete:
-            connection.push_done = asyncio.get_running_loop().create_future()
-
-            def push(data: bytes) -> None:
-                # uvicorn's send of a body finishes at once unless the client is slow.
-                step = send({"type": "http.response.body", "body": data, "more_body": True})
-                try:
-                    step.send(None)
-                except StopIteration:
-                    return
-                step.close()
-                connection.close()           # a slow client: the probe gives up on it
-                connection.push_done.set_result(None)
-            connection.push = push
-            await connection.push_done
-            connection.push = None
-    finally:
-        answer.close()
-    await send({"type": "http.response.body", "body": b""})
 
 
 def main() -> None:
@@ -105,7 +33,7 @@ def main() -> None:
         servers.append(floor)
         port = free_port()
         pushing = bench.start(
-            "push", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "push_probe:app",
+            "push", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "floor_relay:push_app",
                      "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http",
                      "httptools", "--log-level", "warning", "--no-access-log"],
             port, "/", log_dir, env={"SPECTRUM_FLOOR_UPSTREAM": f"{upstream.url}/u/fake/v1"})

@@ -468,14 +468,13 @@ class RelayedStream:
     ends (``Relay`` drives it: ``pump``, then always ``aclose``)."""
 
     __slots__ = ("gateway", "response", "call", "want_usage", "usage", "chunks", "status",
-                 "buffer", "closed")
+                 "buffer")
 
     def __init__(self, gateway: Gateway, response, call: Call, want_usage: bool) -> None:
         self.gateway, self.response, self.call = gateway, response, call
         self.want_usage = want_usage
         # 499 until the upstream's answer is pumped: a client gone before it was is metered so.
         self.usage, self.chunks, self.status, self.buffer = None, 0, 499, b""
-        self.closed = False
 
     def pass_on(self, data: bytes) -> bytes:
         """What of ``data`` goes to the client now: its complete events (an unfinished one is
@@ -525,11 +524,7 @@ class RelayedStream:
 
     async def aclose(self) -> None:
         """Close the upstream's answer and settle the request, to the end even when the task
-        is cancelled meanwhile."""
-        if self.closed:
-            return
-        self.closed = True
-
+        is cancelled meanwhile. ``Relay`` calls it once, whatever happened."""
         async def settle():
             await self.response.aclose()
             try:
