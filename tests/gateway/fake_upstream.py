@@ -6,8 +6,9 @@ SageMaker's (``/endpoints/<name>/invocations``, ``/invocations-response-stream``
 AWS event-stream bytes, so botocore signs, sends and parses exactly as against AWS.
 
 ``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
-"hang", "interval_s": ..., "stop_after": N, "stall_after": N}); ``GET /control/<name>`` returns what it saw (requests, streams
-completed and aborted by the client, the last body).
+"hang", "interval_s": ..., "stop_after": N, "stall_after": N, "linger_s": ...}: ``linger_s``
+holds a stream's body open that long after its ``[DONE]``); ``GET /control/<name>`` returns
+what it saw (requests, streams completed and aborted by the client, the last body).
 
 Run: python fake_upstream.py PORT
 """
@@ -116,6 +117,7 @@ async def generate(request: Request):
                 yield f"data: {json.dumps({'id': 'cmpl-1', 'object': obj + '.chunk', 'created': created, 'model': body['model'], 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
             done = True
+            await asyncio.sleep(u.get("linger_s", 0))
         finally:
             u["completed" if done else "aborted"] += 1
 

@@ -160,9 +160,9 @@ class Gateway:
 
     def ledger(self, where=lambda entry: True, at_least: int = 1, tenant: str | None = None,
                timeout_s: float = 10) -> list[dict]:
-        """The usage entries ``where`` selects, once there are ``at_least`` of them: a stream's
-        entry is written when the gateway has finished it, which can be after its client read
-        the last event."""
+        """The usage entries ``where`` selects, once there are ``at_least`` of them: a stream
+        read to its ``[DONE]`` is in the ledger by then, but one its client or upstream cut
+        short is metered when the gateway notices, which can be later."""
         args = ["usage", "--json"] + (["--tenant", tenant] if tenant else [])
 
         def entries():

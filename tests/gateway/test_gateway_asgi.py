@@ -1,6 +1,6 @@
 """The completion routes' ASGI ends, against a server's ``receive`` and ``send`` written here:
 the disconnect watch (no task of its own), the body's limits, the answer's head, the writer
-that sends a stream's chunks from a callback."""
+that sends a stream's chunks from a callback, and a settle that outlives a cancel."""
 from __future__ import annotations
 
 import asyncio
@@ -9,7 +9,7 @@ import pytest
 
 from gateway_harness import GATEWAY_DIR  # noqa: F401   puts spectrum_gateway on sys.path
 from spectrum_gateway.asgi import (Answer, read_body, request_headers, response_start,
-                                   unless_client_leaves, writer)
+                                   to_the_end, unless_client_leaves, writer)
 from spectrum_gateway.errors import GatewayError
 
 
@@ -190,3 +190,48 @@ def test_writer_sends_at_once_or_hands_back_what_to_wait_on(bare_yields):
         return send
     send = run(main())
     assert send.sent == [b"one", b"two"] and send.closed_midway == 1
+
+
+def test_to_the_end_runs_a_step_that_never_waits_in_place():
+    async def settle():
+        return "settled"
+
+    async def main():
+        before = len(asyncio.all_tasks())
+        tasks_during = []
+
+        async def step():
+            tasks_during.append(len(asyncio.all_tasks()))
+            return await settle()
+        assert await to_the_end(step()) == "settled"
+        return before, tasks_during
+    before, during = run(main())
+    assert during == [before]                  # no task was made for it
+
+
+@pytest.mark.parametrize("waits_on", ["future", "bare yield"])
+def test_to_the_end_finishes_a_step_that_waits_though_its_caller_is_cancelled(waits_on):
+    async def main():
+        steps = []
+        gate = asyncio.get_running_loop().create_future()
+
+        async def settle():
+            steps.append("begun")
+            if waits_on == "future":
+                await gate                     # e.g. Redis's answer
+            else:
+                await asyncio.sleep(0)
+                await asyncio.sleep(0.05)
+            steps.append("ended")
+            return "settled"
+
+        caller = asyncio.ensure_future(to_the_end(settle()))
+        await asyncio.sleep(0.01)
+        caller.cancel()                        # the client hung up while it settles
+        await asyncio.sleep(0.01)
+        assert steps == ["begun"] and not caller.done()
+        gate.set_result(None)
+        with pytest.raises(asyncio.CancelledError):
+            await caller                       # the cancel comes through once it has settled
+        return steps
+    assert run(main()) == ["begun", "ended"]

@@ -1,6 +1,7 @@
 """Step 3: quotas exact across two workers sharing Redis, and the headers clients act on."""
 from __future__ import annotations
 
+import json
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -99,6 +100,27 @@ def test_concurrency_limit_and_the_sdk_retrying_after_retry_after(gateway, upstr
     assert raw.retries_taken >= 1
     assert raw.parse().usage.completion_tokens == 2
     list(stream)
+
+
+def test_a_stream_is_settled_before_its_done_reaches_the_client(gateway, upstreams):
+    # The upstream ends its body 0.3 s after its [DONE]. The SDK stops reading at [DONE] and
+    # hangs up: had [DONE] been passed on at once, the gateway would meter a whole answer as
+    # the client's 499 and hold the tenant's only slot while the client asked again.
+    upstreams.set("slowstream", interval_s=0.001, linger_s=0.3)
+    try:
+        key = gateway.create_key("conc1")
+        client = gateway.client(key["key"])
+        for _ in range(3):           # each one asked the moment the last one's [DONE] came
+            chunks = list(client.chat.completions.create(
+                model="stream", stream=True, max_tokens=5, stream_options={"include_usage": True},
+                messages=[{"role": "user", "content": "hi"}]))
+            assert chunks[-1].usage.completion_tokens == 5
+        # In the ledger by the time the client had [DONE]: read once, not waited for.
+        entries = [e for e in json.loads(gateway.admin("usage", "--tenant", "conc1", "--json")
+                                         .stdout)["entries"] if e["key_id"] == key["id"]]
+        assert [(e["status"], e["output_tokens"]) for e in entries] == [(200, 5)] * 3
+    finally:
+        upstreams.set("slowstream", linger_s=0)
 
 
 def test_monthly_budget(gateway):

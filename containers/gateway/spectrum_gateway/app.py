@@ -7,7 +7,6 @@ use up the tenant's allowance.
 """
 from __future__ import annotations
 
-import asyncio
 import itertools
 import json
 import logging
@@ -26,7 +25,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from options.core.heap import freeze_start_up_heap
 
 from . import meter
-from .asgi import Answer, Relay, read_body, request_headers, unless_client_leaves
+from .asgi import (Answer, Relay, read_body, request_headers, to_the_end,
+                   unless_client_leaves)
 from .auth import Authenticator, load_secret
 from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
@@ -46,26 +46,6 @@ READ_HEADERS = frozenset({b"authorization", b"x-api-key", b"x-session-id"})
 
 def _header_safe(text: str) -> str:
     return "".join(c if 32 <= ord(c) < 127 else " " for c in text)[:300]
-
-
-async def to_the_end(step):
-    """Await ``step`` (a request's settle) to its end even when this task is cancelled
-    meanwhile, then let the cancellation through. A client that hangs up right after the last
-    event cancels the task while the stream is being settled; anyio's shield does not stop
-    asyncio's own cancel, and a settle cut short would keep the tenant's slot."""
-    task = asyncio.ensure_future(step)
-    cancelled = False
-    while True:
-        try:
-            result = await asyncio.shield(task)
-            break
-        except asyncio.CancelledError:
-            if task.done():
-                raise
-            cancelled = True
-    if cancelled:
-        raise asyncio.CancelledError
-    return result
 
 
 async def close_upstream(response) -> None:
@@ -465,41 +445,52 @@ class Gateway:
 class RelayedStream:
     """One stream on its way to the client: the upstream's events passed on as each one
     completes, its usage kept for the ledger, the request metered when it ends, however it
-    ends (``Relay`` drives it: ``pump``, then always ``aclose``)."""
+    ends (``Relay`` drives it: ``pump``, then always ``aclose``).
+
+    The upstream's ``[DONE]`` is held back until the request is settled (metered, its
+    reservation and concurrent slot given back), as a whole answer is only sent once metered:
+    a client that starts its next request on ``[DONE]`` never finds its own last one still
+    holding a slot, and its usage is in the ledger by then."""
 
     __slots__ = ("gateway", "response", "call", "want_usage", "usage", "chunks", "status",
-                 "buffer")
+                 "buffer", "done", "settled")
 
     def __init__(self, gateway: Gateway, response, call: Call, want_usage: bool) -> None:
         self.gateway, self.response, self.call = gateway, response, call
         self.want_usage = want_usage
         # 499 until the upstream's answer is pumped: a client gone before it was is metered so.
         self.usage, self.chunks, self.status, self.buffer = None, 0, 499, b""
+        self.done = b""           # the upstream's [DONE] event, held back until settled
+        self.settled = False
 
     def pass_on(self, data: bytes) -> bytes:
         """What of ``data`` goes to the client now: its complete events (an unfinished one is
-        kept for the next data), less the usage-only event the client did not ask for."""
-        if not self.buffer and data.endswith(b"\n\n") and b'"usage"' not in data:
+        kept for the next data), less the usage-only event the client did not ask for and the
+        ``[DONE]`` held back for the end."""
+        if (not self.buffer and data.endswith(b"\n\n") and b'"usage"' not in data
+                and b"[DONE]" not in data):
             self.chunks += data.count(b"data: {")       # whole events, nothing to take out:
             return data                                 # passed on as they came
         events, self.buffer = split_events(self.buffer + data)
         kept = []
         for event in events:
+            if event.startswith(b"data: [DONE]"):
+                self.done = event
+                continue
             if b'"usage"' in event:
                 payload = event_json(event)
                 if payload and payload.get("usage"):
                     self.usage = payload["usage"]
                     if not self.want_usage and not payload.get("choices"):
                         continue          # the usage-only chunk the client did not ask for
-            if not event.startswith(b"data: [DONE]"):
-                self.chunks += 1
+            self.chunks += 1
             kept.append(event)
         return b"".join(kept)
 
-    async def pump(self, write) -> None:
+    async def pump(self, write) -> bytes:
         """The upstream's answer through ``pass_on`` into ``write`` (``asgi.writer``), each
         chunk as the upstream connection parses it; a broken upstream ends the stream with an
-        error event."""
+        error event. Settles the request at the end, and returns what goes last: ``[DONE]``."""
         def sink(data: bytes):
             out = self.pass_on(data)
             return write(out) if out else None
@@ -511,27 +502,34 @@ class RelayedStream:
             if self.buffer:
                 await _written(write(self.buffer))
         except StreamBroken as e:
-            self.status = 504 if isinstance(e, StreamTimeout) else 502
-            what = "timed out" if self.status == 504 else f"broke off ({e})"
-            await _written(write(b"data: " + json.dumps(error_body(
-                self.status, f"upstream {self.call.upstream.name} {what} mid-stream",
-                "upstream_failed")).encode() + b"\n\n"))
+            if not self.done:       # broken after [DONE]: nothing of the answer was lost
+                self.status = 504 if isinstance(e, StreamTimeout) else 502
+                what = "timed out" if self.status == 504 else f"broke off ({e})"
+                await _written(write(b"data: " + json.dumps(error_body(
+                    self.status, f"upstream {self.call.upstream.name} {what} mid-stream",
+                    "upstream_failed")).encode() + b"\n\n"))
         except BaseException:
             self.status = 499   # the client went away: the upstream call is aborted on close
             raise
         finally:
             self.gateway.inflight -= 1
+        await self.aclose()
+        return self.done
 
     async def aclose(self) -> None:
-        """Close the upstream's answer and settle the request, to the end even when the task
-        is cancelled meanwhile. ``Relay`` calls it once, whatever happened."""
-        async def settle():
-            await self.response.aclose()
-            try:
-                await self.gateway.finish(self.call, self.status, self.usage, self.chunks)
-            except GatewayError as e:      # kept by the store, settled once it is back
-                log.error("request %s not metered yet: %s", self.call.request_id, e.message)
-        await to_the_end(settle())
+        """Close the upstream's answer and settle the request, once, to the end even when the
+        task is cancelled meanwhile."""
+        if self.settled:
+            return
+        self.settled = True
+        await to_the_end(self._settle())
+
+    async def _settle(self) -> None:
+        await self.response.aclose()
+        try:
+            await self.gateway.finish(self.call, self.status, self.usage, self.chunks)
+        except GatewayError as e:      # kept by the store, settled once it is back
+            log.error("request %s not metered yet: %s", self.call.request_id, e.message)
 
 
 async def _written(held) -> None:

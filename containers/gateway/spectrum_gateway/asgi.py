@@ -87,9 +87,10 @@ class Answer:
 class Relay:
     """A relayed stream of server-sent events, stopped when the client hangs up.
 
-    ``source`` pumps the upstream's bytes into a writer (``pump(write)``) and is always closed
-    (``aclose()``), which aborts the upstream call and meters the request even when the client
-    left while a chunk was being written."""
+    ``source`` pumps the upstream's bytes into a writer (``pump(write)``) and returns the
+    stream's last bytes, sent with the end of the body; it is always closed (``aclose()``),
+    which aborts the upstream call and meters the request even when the client left while a
+    chunk was being written."""
 
     __slots__ = ("source", "headers")
 
@@ -104,8 +105,8 @@ class Relay:
 
     async def _stream(self, send) -> None:
         await send(response_start(200, self.headers, EVENT_STREAM))
-        await self.source.pump(writer(send))
-        await send({"type": "http.response.body", "body": b""})
+        last = await self.source.pump(writer(send))
+        await send({"type": "http.response.body", "body": last})
 
 
 def writer(send):
@@ -121,13 +122,13 @@ def writer(send):
             return None
         except Exception as e:       # noqa: BLE001 - raised where the writer's caller waits
             return _raise(e)
-        return _send_rest(step, waiting_on)
+        return run_rest(step, waiting_on)
     return write
 
 
-async def _send_rest(step, waiting_on) -> None:
-    """Drive a send the server could not finish at once to its end, as a task would: wait on
-    what it waits on, then step it on."""
+async def run_rest(step, waiting_on):
+    """Drive a coroutine already stepped once (``step``, which yielded ``waiting_on``) to its
+    end, as a task would: wait on what it waits on, then step it on. Its value is returned."""
     try:
         while True:
             if waiting_on is None:             # a bare yield: one turn of the loop
@@ -137,10 +138,37 @@ async def _send_rest(step, waiting_on) -> None:
                 await asyncio.wait([waiting_on])
             try:
                 waiting_on = step.send(None)
-            except StopIteration:
-                return
+            except StopIteration as end:
+                return end.value
     finally:
         step.close()
+
+
+async def to_the_end(step):
+    """Await ``step`` (a request's settle) to its end even when this task is cancelled
+    meanwhile, then let the cancellation through. A client that hangs up right after the last
+    event cancels the task while the stream is being settled; anyio's shield does not stop
+    asyncio's own cancel, and a settle cut short would keep the tenant's slot.
+
+    ``step`` is first run here: a settle that never waits (the memory store's) ends before
+    anything could cancel it, without the task and shield a settle that waits needs."""
+    try:
+        waiting_on = step.send(None)
+    except StopIteration as end:
+        return end.value
+    task = asyncio.ensure_future(run_rest(step, waiting_on))
+    cancelled = False
+    while True:
+        try:
+            result = await asyncio.shield(task)
+            break
+        except asyncio.CancelledError:
+            if task.done():
+                raise
+            cancelled = True
+    if cancelled:
+        raise asyncio.CancelledError
+    return result
 
 
 async def _raise(error: Exception) -> None:
