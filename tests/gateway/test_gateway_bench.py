@@ -41,6 +41,22 @@ def test_a_tiny_run_measures_every_contender_and_loses_no_stream(tmp_path):
             assert row["tokens"] == 4 * 16 and row["ttft_ms_p50"] > 0
             if row["contender"] != "direct":     # the kernel's share is part of the total
                 assert 0 <= row["proxy_kernel_cpu_ms_per_token"] <= row["proxy_cpu_ms_per_token"]
-    assert "| of it kernel |" in done.stdout
+    # Each proxy's CPU as a multiple of the floor's in the same round: the figure that compares
+    # across hosts (absent where a 10 ms tick left either at 0).
+    for row in results["rows"]:
+        if row["contender"] == "direct":
+            continue
+        key = "proxy_cpu_ms_per_request" if row["mode"] == "whole" else "proxy_cpu_ms_per_token"
+        floor = next(f for f in results["rows"] if f["contender"] == "floor"
+                     and (f["mode"], f["round"], f["concurrency"]) ==
+                     (row["mode"], row["round"], row["concurrency"]))
+        if row[key] and floor[key]:
+            assert row["proxy_cpu_vs_floor"] == round(row[key] / floor[key], 2)
+        else:
+            assert "proxy_cpu_vs_floor" not in row
+    assert "| of it kernel | × floor's |" in done.stdout
+    again = subprocess.run([sys.executable, str(BENCH), "--tables-of", str(out)],
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 0 and again.stdout.strip() == results["table"].strip()
     # The table printed is the one the README shows: a row per contender and mode.
     assert done.stdout.count("| 2 | floor |") == 2 and done.stdout.count("| 2 | gateway |") == 2

@@ -1,8 +1,9 @@
 """The bench's floor: the least a relay on the gateway's own stack can do (uvicorn with uvloop
 and httptools, the gateway's upstream client ``spectrum_gateway.http1``, raw ASGI). No key, no
 quota, no routing, no meter, no JSON parsing: the body is passed on and the answer's bytes come
-back as they arrive. What it costs per token and per request is what any gateway on this stack
-costs at least.
+back as they arrive, each chunk written from the upstream connection's callback as the gateway
+does (``app``; ``pull_app`` wakes the request's task for each instead). What it costs per token
+and per request is what any gateway on this stack costs at least.
 
     SPECTRUM_FLOOR_UPSTREAM=http://127.0.0.1:PORT/u/fake/v1 \\
         python -m uvicorn --app-dir containers/gateway/bench floor_relay:app --port 8001
@@ -80,5 +81,5 @@ async def _push(answer, send) -> None:
     await answer.pump(writer(send))
 
 
-app = relay(_pull)            # the bench's floor
-push_app = relay(_push)       # bench/push_probe.py's other relay
+app = relay(_push)            # the bench's floor: pushing, as the gateway relays
+pull_app = relay(_pull)       # bench/push_probe.py's other relay

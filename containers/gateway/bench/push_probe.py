@@ -1,7 +1,8 @@
 """Probe: the floor relay (``floor_relay.py``) pulling each chunk from the upstream (the
-request's task woken for each) against the same relay pushing it (written from the upstream
-connection's callback, ``http1.Response.pump`` into ``asgi.writer``, as the gateway relays),
-side by side in alternating rounds: what pushing saves per streamed token on the bare stack.
+request's task woken for each, ``pull_app``) against the same relay pushing it (written from
+the upstream connection's callback, ``http1.Response.pump`` into ``asgi.writer``, as the
+gateway relays: ``app``, the bench's floor), side by side in alternating rounds: what pushing
+saves per streamed token on the bare stack.
 
     .venv/bin/python containers/gateway/bench/push_probe.py --rounds 4 --concurrency 8,32
 """
@@ -10,16 +11,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import statistics
-import sys
 import tempfile
 from pathlib import Path
-
-HERE = Path(__file__).resolve().parent
 
 
 def main() -> None:
     import run as bench
-    from options.local_server import free_port
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4)
@@ -29,17 +26,10 @@ def main() -> None:
     upstream = bench.start_upstream(log_dir, 0.002)
     servers = [upstream]
     try:
-        floor = bench.start_floor(upstream, log_dir)
-        servers.append(floor)
-        port = free_port()
-        pushing = bench.start(
-            "push", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE), "floor_relay:push_app",
-                     "--host", "127.0.0.1", "--port", str(port), "--loop", "uvloop", "--http",
-                     "httptools", "--log-level", "warning", "--no-access-log"],
-            port, "/", log_dir, env={"SPECTRUM_FLOOR_UPSTREAM": f"{upstream.url}/u/fake/v1"})
-        servers.append(pushing)
-        contenders = [bench.Contender("floor", floor.url + "/v1", None, floor),
-                      bench.Contender("push", pushing.url + "/v1", None, pushing)]
+        for relay, name in (("pull_app", "pull"), ("app", "push")):
+            servers.append(bench.start_floor(upstream, log_dir, relay, name))
+        contenders = [bench.Contender(server.name, server.url + "/v1", None, server)
+                      for server in servers[1:]]
         per_token: dict[tuple, list[float]] = {}
         for round_no in range(args.rounds):
             for c in contenders if round_no % 2 == 0 else contenders[::-1]:

@@ -72,8 +72,8 @@ PROMPT = [{"role": "user", "content": "say something about the price of a GPU ho
 START_TIMEOUT_S = 180
 LABELS = {"direct": "direct (no proxy)",
           "nginx": "nginx, 1 worker process, proxy_buffering off: a C proxy, nothing checked",
-          "floor": "floor_relay.py: uvicorn + the gateway's upstream client passing bytes on, "
-                   "nothing checked",
+          "floor": "floor_relay.py: uvicorn + the gateway's upstream client pushing bytes on "
+                   "as the gateway does, nothing checked",
           "gateway": "this gateway, 1 worker, store: memory",
           "gateway-redis": "this gateway, store: redis", "litellm": "LiteLLM proxy 1.108.7, 1 worker"}
 
@@ -210,14 +210,17 @@ def start_gateway(name: str, upstream: Process, log_dir: Path, store: str,
     return gw, json.loads(created.stdout)["key"]
 
 
-def start_floor(upstream: Process, log_dir: Path) -> Process:
-    """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, its upstream client) with
-    nothing of the gateway in it."""
+def start_floor(upstream: Process, log_dir: Path, relay: str = "app",
+                name: str = "floor") -> Process:
+    """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, its upstream
+    client) with nothing of the gateway in it, relaying as the gateway does (each chunk pushed
+    on from the upstream connection's callback). ``relay="pull_app"``: the same pulling each
+    chunk in the request's task, as the gateway did before (``push_probe.py``)."""
     port = free_port()
-    return start("floor", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
-                           "floor_relay:app", "--host", "127.0.0.1", "--port", str(port),
-                           "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
-                           "--no-access-log"], port, "/", log_dir,
+    return start(name, [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
+                        f"floor_relay:{relay}", "--host", "127.0.0.1", "--port", str(port),
+                        "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
+                        "--no-access-log"], port, "/", log_dir,
                  env={"SPECTRUM_FLOOR_UPSTREAM": f"{upstream.url}/u/{UPSTREAM_NAME}/v1"})
 
 
@@ -423,6 +426,20 @@ def added_vs_direct(rows: list[dict]) -> None:
                 r[key.replace("_ms_", "_added_ms_")] = round(r[key] - d[key], 2)
 
 
+def relative_to_floor(rows: list[dict]) -> None:
+    """Each row's proxy CPU (per token of a stream, per whole answer) as a multiple of the
+    floor's in the same round and level. The floor is what any relay on this stack costs at
+    least, and it moves with the host (the same code measured three times apart on different
+    evenings here), so this ratio is what compares across runs and machines."""
+    floor = {(r["round"], r["mode"], r["concurrency"]): r for r in rows
+             if r["contender"] == "floor"}
+    for r in rows:
+        f = floor.get((r["round"], r["mode"], r["concurrency"]))
+        key = "proxy_cpu_ms_per_token" if r["mode"] == "stream" else "proxy_cpu_ms_per_request"
+        if f is not None and r.get(key) and f.get(key):
+            r["proxy_cpu_vs_floor"] = round(r[key] / f[key], 2)
+
+
 def spread(values: list) -> dict | None:
     xs = [v for v in values if v is not None]
     if not xs:
@@ -443,7 +460,7 @@ def summarize(rows: list[dict]) -> list[dict]:
     out = []
     keys = ("ttft_ms_p50", "ttft_ms_p99", "ttft_added_ms_p50", "ttft_added_ms_p99", "tok_s",
             "proxy_cpu_ms_per_token", "proxy_kernel_cpu_ms_per_token", "proxy_cpu_ms_per_request",
-            "upstream_cpu_ms_per_request",
+            "upstream_cpu_ms_per_request", "proxy_cpu_vs_floor",
             "latency_ms_p50", "latency_ms_p99", "latency_added_ms_p50", "latency_added_ms_p99",
             "requests_per_s")
     groups: dict[tuple, list[dict]] = {}
@@ -466,8 +483,8 @@ def summarize(rows: list[dict]) -> list[dict]:
 def tables(summary: list[dict]) -> str:
     lines = ["Streams (128 tokens, 2 ms apart): median over rounds [min, max]", "",
              "| conc | contender | TTFT p50 ms | added p50 | TTFT p99 ms | added p99 | tok/s | "
-             "proxy CPU ms/token | of it kernel | proxy CPU ms/stream | lost |",
-             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "proxy CPU ms/token | of it kernel | × floor's | proxy CPU ms/stream | lost |",
+             "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for s in summary:
         if s["mode"] != "stream":
             continue
@@ -477,23 +494,32 @@ def tables(summary: list[dict]) -> str:
             cell(s.get("ttft_ms_p99"), 1),
             cell(s.get("ttft_added_ms_p99"), 1) if s["contender"] != "direct" else "",
             cell(s.get("tok_s"), 0), cell(s.get("proxy_cpu_ms_per_token"), 3),
-            cell(s.get("proxy_kernel_cpu_ms_per_token"), 3),
+            cell(s.get("proxy_kernel_cpu_ms_per_token"), 3), cell(s.get("proxy_cpu_vs_floor"), 2),
             cell(s.get("proxy_cpu_ms_per_request"), 1), f"{s['lost']}/{s['requests']}"]) + " |")
     whole = [s for s in summary if s["mode"] == "whole"]
     if whole:
         lines += ["", "Whole answers (max_tokens 1, not streamed)", "",
                   "| conc | contender | latency p50 ms | added p50 | latency p99 ms | req/s | "
-                  "proxy CPU ms/request | upstream CPU ms/request | lost |",
-                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "proxy CPU ms/request | × floor's | upstream CPU ms/request | lost |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for s in whole:
             lines.append("| " + " | ".join([
                 str(s["concurrency"]), s["contender"], cell(s.get("latency_ms_p50"), 1),
                 cell(s.get("latency_added_ms_p50"), 1) if s["contender"] != "direct" else "",
                 cell(s.get("latency_ms_p99"), 1), cell(s.get("requests_per_s"), 0),
-                cell(s.get("proxy_cpu_ms_per_request"), 2),
+                cell(s.get("proxy_cpu_ms_per_request"), 2), cell(s.get("proxy_cpu_vs_floor"), 2),
                 cell(s.get("upstream_cpu_ms_per_request"), 2),
                 f"{s['lost']}/{s['requests']}"]) + " |")
     return "\n".join(lines)
+
+
+def report_of(rows: list[dict]) -> tuple[list[dict], str]:
+    """The summary and tables of a run's rows (each row gains its figures relative to the
+    direct path's and the floor's)."""
+    added_vs_direct(rows)
+    relative_to_floor(rows)
+    summary = summarize(rows)
+    return summary, tables(summary)
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -529,7 +555,12 @@ def main() -> int:
     parser.add_argument("--whole-requests", type=int, default=400)
     parser.add_argument("--json", help="write every round's rows and the summary here")
     parser.add_argument("--log-dir", help="servers' logs and configs (default: a temporary folder)")
+    parser.add_argument("--tables-of", metavar="JSON",
+                        help="measure nothing: print the tables of an earlier run's --json rows")
     args = parser.parse_args()
+    if args.tables_of:
+        print(report_of(json.loads(Path(args.tables_of).read_text())["rows"])[1])
+        return 0
 
     names = [n for n in args.contenders.split(",") if n]
     unknown = {n for n in names if n.partition("@git:")[0] not in LABELS} - {"litellm"}
@@ -605,9 +636,7 @@ def main() -> int:
             redis_proc.terminate()
             redis_proc.wait()
 
-    added_vs_direct(rows)
-    summary = summarize(rows)
-    report = tables(summary)
+    summary, report = report_of(rows)
     print(report)
     if args.json:
         Path(args.json).write_text(json.dumps({
