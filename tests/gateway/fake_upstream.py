@@ -6,9 +6,11 @@ SageMaker's (``/endpoints/<name>/invocations``, ``/invocations-response-stream``
 AWS event-stream bytes, so botocore signs, sends and parses exactly as against AWS.
 
 ``POST /control/<name>`` sets an upstream's behaviour ({"mode": "ok"|"fail500"|"fail429"|
-"hang", "interval_s": ..., "stop_after": N, "stall_after": N, "linger_s": ...}: ``linger_s``
-holds a stream's body open that long after its ``[DONE]``); ``GET /control/<name>`` returns
-what it saw (requests, streams completed and aborted by the client, the last body).
+"hang", "interval_s": ..., "stop_after": N, "stall_after": N, "linger_s": ...,
+"usage_nulls": bool}: ``linger_s`` holds a stream's body open that long after its ``[DONE]``;
+``usage_nulls`` puts ``"usage": null`` in every chunk of a stream that asked for usage, as
+OpenAI's API does); ``GET /control/<name>`` returns what it saw (requests, streams completed
+and aborted by the client, the last body).
 
 Run: python fake_upstream.py PORT
 """
@@ -112,6 +114,8 @@ async def generate(request: Request):
                     delta["finish_reason"] = "length"
                 chunk = {"id": "cmpl-1", "object": obj + ".chunk", "created": created,
                          "model": body["model"], "choices": [delta]}
+                if u.get("usage_nulls") and (body.get("stream_options") or {}).get("include_usage"):
+                    chunk["usage"] = None
                 yield f"data: {json.dumps(chunk)}\n\n"
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield f"data: {json.dumps({'id': 'cmpl-1', 'object': obj + '.chunk', 'created': created, 'model': body['model'], 'choices': [], 'usage': usage})}\n\n"

@@ -32,14 +32,41 @@ def test_stream_passes_through_as_it_arrives(gateway, acme_key, upstreams):
     assert sorted(gaps)[len(gaps) // 2] > 0.05
 
 
-def test_stream_usage_reaches_the_client_only_when_asked(gateway, acme_key, upstreams):
-    upstreams.set("slowstream", interval_s=0.005)
-    client = gateway.client(acme_key["key"])
-    plain = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3, stream=True))
-    assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
-    asked = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3, stream=True,
-                                                stream_options={"include_usage": True}))
-    assert asked[-1].usage.completion_tokens == 3 and asked[-1].choices == []
+@pytest.mark.parametrize("usage_nulls", [False, True])
+def test_stream_usage_reaches_the_client_only_when_asked(gateway, upstreams, usage_nulls):
+    # usage_nulls: the upstream puts "usage": null in every chunk, as OpenAI's API does.
+    upstreams.set("slowstream", interval_s=0.005, usage_nulls=usage_nulls)
+    key = gateway.create_key("acme")
+    try:
+        client = gateway.client(key["key"])
+        plain = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3,
+                                                    stream=True))
+        assert all(c.usage is None for c in plain) and all(c.choices for c in plain)
+        asked = list(client.chat.completions.create(model="stream", messages=HI, max_tokens=3,
+                                                    stream=True,
+                                                    stream_options={"include_usage": True}))
+        assert asked[-1].usage.completion_tokens == 3 and asked[-1].choices == []
+        # Both metered from the upstream's own count, which came after all the nulls.
+        entries = gateway.ledger(lambda e: e["key_id"] == key["id"], at_least=2)
+        assert [(e["output_tokens"], e["usage_source"]) for e in entries] == [(3, "upstream")] * 2
+    finally:
+        upstreams.set("slowstream", usage_nulls=False)
+
+
+@pytest.mark.parametrize("data, carries", [
+    (b'data: {"choices":[{"delta":{"content":"a"}}]}\n\n', False),
+    (b'data: {"choices":[],"usage":null}\n\n', False),
+    (b'data: {"choices":[], "usage" : null}\n\n', False),
+    (b'data: {"choices":[],"usage":{"prompt_tokens":1}}\n\n', True),
+    (b'data: {"choices":[], "usage" :\t {"prompt_tokens":1}}\n\n', True),
+    (b'data: {"usage":null,"x":{"usage":{"total_tokens":2}}}\n\n', True),
+    # in a string its quotes are escaped: not a key
+    (b'data: {"choices":[{"delta":{"content":"\\"usage\\": {"}}]}\n\n', False),
+    (b'data: {"name":"usage","v":{}}\n\n', False),
+])
+def test_carries_usage_tells_a_usage_object_from_null_and_from_text(data, carries):
+    from spectrum_gateway.upstream import carries_usage
+    assert carries_usage(data) is carries
 
 
 def test_legacy_completions_route(gateway, acme_key):

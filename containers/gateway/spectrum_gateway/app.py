@@ -32,8 +32,8 @@ from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
 from .routing import Replicas, attempts
 from .store import open_store
-from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFailure, event_json,
-                       split_events)
+from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFailure,
+                       carries_usage, event_json, split_events)
 
 CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
 log = logging.getLogger("spectrum_gateway")
@@ -467,7 +467,7 @@ class RelayedStream:
         """What of ``data`` goes to the client now: its complete events (an unfinished one is
         kept for the next data), less the usage-only event the client did not ask for and the
         ``[DONE]`` held back for the end."""
-        if (not self.buffer and data.endswith(b"\n\n") and b'"usage"' not in data
+        if (not self.buffer and data.endswith(b"\n\n") and not carries_usage(data)
                 and b"[DONE]" not in data):
             self.chunks += data.count(b"data: {")       # whole events, nothing to take out:
             return data                                 # passed on as they came
@@ -477,7 +477,7 @@ class RelayedStream:
             if event.startswith(b"data: [DONE]"):
                 self.done = event
                 continue
-            if b'"usage"' in event:
+            if carries_usage(event):
                 payload = event_json(event)
                 if payload and payload.get("usage"):
                     self.usage = payload["usage"]
