@@ -120,8 +120,9 @@ async def generate(request: Request):
             if (body.get("stream_options") or {}).get("include_usage"):
                 yield f"data: {json.dumps({'id': 'cmpl-1', 'object': obj + '.chunk', 'created': created, 'model': body['model'], 'choices': [], 'usage': usage})}\n\n"
             yield "data: [DONE]\n\n"
-            done = True
-            await asyncio.sleep(u.get("linger_s", 0))
+            if u.get("linger_s"):
+                await asyncio.sleep(u["linger_s"])
+            done = True           # the body ends here: a caller gone before was an abort
         finally:
             u["completed" if done else "aborted"] += 1
 

@@ -107,6 +107,7 @@ def test_a_stream_is_settled_before_its_done_reaches_the_client(gateway, upstrea
     # hangs up: had [DONE] been passed on at once, the gateway would meter a whole answer as
     # the client's 499 and hold the tenant's only slot while the client asked again.
     upstreams.set("slowstream", interval_s=0.001, linger_s=0.3)
+    before = upstreams.stats("slowstream")
     try:
         key = gateway.create_key("conc1")
         client = gateway.client(key["key"])
@@ -119,6 +120,10 @@ def test_a_stream_is_settled_before_its_done_reaches_the_client(gateway, upstrea
         entries = [e for e in json.loads(gateway.admin("usage", "--tenant", "conc1", "--json")
                                          .stdout)["entries"] if e["key_id"] == key["id"]]
         assert [(e["status"], e["output_tokens"]) for e in entries] == [(200, 5)] * 3
+        # And the upstream's answers were read to their end, not cut off (its connection kept).
+        after = upstreams.stats("slowstream")
+        assert (after["completed"] - before["completed"], after["aborted"] - before["aborted"]) \
+            == (3, 0)
     finally:
         upstreams.set("slowstream", linger_s=0)
 
