@@ -141,11 +141,12 @@ def start(name: str, cmd: list[str], port: int, health: str, log_dir: Path,
     raise RuntimeError(f"{name} did not answer {health} within {START_TIMEOUT_S} s; see {log}")
 
 
-def start_upstream(log_dir: Path, interval_s: float) -> Process:
+def start_upstream(log_dir: Path, interval_s: float, usage_nulls: bool = False) -> Process:
     port = free_port()
     up = start("upstream", [sys.executable, str(FAKE_UPSTREAM), str(port)], port,
                f"/control/{UPSTREAM_NAME}", log_dir)
-    body = json.dumps({"mode": "ok", "interval_s": interval_s}).encode()
+    body = json.dumps({"mode": "ok", "interval_s": interval_s,
+                       "usage_nulls": usage_nulls}).encode()
     urllib.request.urlopen(urllib.request.Request(
         f"{up.url}/control/{UPSTREAM_NAME}", data=body, method="POST",
         headers={"content-type": "application/json"}), timeout=10).read()
@@ -546,6 +547,9 @@ def main() -> int:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--interval-ms", type=float, default=2.0,
                         help="the fake upstream's time between tokens")
+    parser.add_argument("--usage-nulls", action="store_true",
+                        help="the upstream puts \"usage\": null in every chunk of a stream that "
+                             "asked for usage, as OpenAI's API does")
     parser.add_argument("--streams-per-user", type=int, default=4,
                         help="measured streams per concurrent client (at least --min-streams)")
     parser.add_argument("--min-streams", type=int, default=48)
@@ -583,7 +587,7 @@ def main() -> int:
     started = []
     redis_procs = []
     try:
-        upstream = start_upstream(log_dir, args.interval_ms / 1000)
+        upstream = start_upstream(log_dir, args.interval_ms / 1000, args.usage_nulls)
         started.append(upstream)
         contenders = []
         for name in names:
@@ -645,6 +649,7 @@ def main() -> int:
                         "load_average_at_end": os.getloadavg()},
             "contenders": {c.name: label(c.name, args.gateway_workers) for c in contenders},
             "settings": {"max_tokens": args.max_tokens, "interval_ms": args.interval_ms,
+                         "usage_nulls": args.usage_nulls,
                          "rounds": args.rounds, "concurrency": concurrencies,
                          "streams_per_user": args.streams_per_user,
                          "min_streams": args.min_streams,
