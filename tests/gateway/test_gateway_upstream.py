@@ -69,6 +69,21 @@ def test_carries_usage_tells_a_usage_object_from_null_and_from_text(data, carrie
     assert carries_usage(data) is carries
 
 
+def test_pass_on_holds_done_back_and_drops_only_the_usage_the_client_did_not_ask_for():
+    from spectrum_gateway.app import RelayedStream
+    token = b'data: {"choices":[{"delta":{"content":"a"}}],"usage":null}\n\n'
+    usage = b'data: {"choices":[],"usage":{"completion_tokens":2}}\n\n'
+    for done in (b"data: [DONE]\n\n", b"data:[DONE]\n\n"):
+        for want_usage in (False, True):
+            stream = RelayedStream(None, None, None, want_usage)
+            assert stream.pass_on(token) is token                 # passed on as it came
+            assert stream.pass_on(token[:20]) == b""              # half an event: kept
+            assert stream.pass_on(token[20:] + usage[:9]) == token
+            assert stream.pass_on(usage[9:] + done) == (usage if want_usage else b"")
+            assert stream.done == done and stream.usage == {"completion_tokens": 2}
+            assert stream.chunks == 2 + want_usage
+
+
 def test_legacy_completions_route(gateway, acme_key):
     answer = gateway.client(acme_key["key"]).completions.create(model="chat", prompt="a b c", max_tokens=2)
     assert answer.choices[0].text in ("stable:0 stable:1 ", "canary:0 canary:1 ")

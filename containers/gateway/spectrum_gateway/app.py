@@ -474,7 +474,7 @@ class RelayedStream:
         events, self.buffer = split_events(self.buffer + data)
         kept = []
         for event in events:
-            if event.startswith(b"data: [DONE]"):
+            if event.startswith(b"data:") and event[5:].strip() == b"[DONE]":
                 self.done = event
                 continue
             if carries_usage(event):
