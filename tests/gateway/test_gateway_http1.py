@@ -322,6 +322,56 @@ def test_pump_holds_the_upstream_while_the_sink_is_full_and_loses_nothing():
     assert held == 3 and paused == [True, True, True]
 
 
+def test_expect_end_shortens_the_read_timeout_for_this_answer_only():
+    """Once an answer's content has all come (a stream's [DONE]) the rest of its body is due at
+    once: ``expect_end`` makes the read timeout that short, and the next request on the same
+    pooled connection has the pool's own again."""
+    async def main():
+        connections = []
+
+        async def handler(reader, writer, n):
+            for i in range(3):
+                await read_request(reader)
+                connections.append(n)
+                writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+                             b"e\r\ndata: [DONE]\n\n\r\n")
+                await writer.drain()
+                if i == 0:                   # the body's end comes soon
+                    await asyncio.sleep(0.05)
+                elif i == 1:                 # slower than 0.3 s, well inside the pool's 30 s
+                    await asyncio.sleep(0.6)
+                else:                        # never
+                    await asyncio.sleep(60)
+                writer.write(b"0\r\n\r\n")
+                await writer.drain()
+        server, url = await serve(handler)
+        pool = http1.Pool(5, 30)
+        outcomes = []
+        for shorten in (True, False, True):
+            answer = await pool.post(url, b"{}", {})
+
+            def sink(chunk, answer=answer, shorten=shorten):
+                if shorten:
+                    answer.expect_end(0.3)
+            started = asyncio.get_running_loop().time()
+            try:
+                await answer.pump(sink)
+                outcomes.append("whole")
+            except http1.ReadFailed as e:
+                waited = asyncio.get_running_loop().time() - started
+                outcomes.append("timed out within 5 s" if e.timed_out and waited < 5 else
+                                f"{e} after {waited:.1f} s")
+            answer.close()
+        pool.close()
+        server.close()
+        return outcomes, connections
+    # The first answer ends inside its 0.3 s; the second, on the same connection, takes 0.6 s
+    # and still ends whole; the third never ends and fails after 0.3 s, not the pool's 30.
+    outcomes, connections = asyncio.run(main())
+    assert outcomes == ["whole", "whole", "timed out within 5 s"]
+    assert connections == [1, 1, 1]              # all three on the one pooled connection
+
+
 def test_the_request_line_and_host_header_follow_the_url():
     pool = http1.Pool(5, 5)
     assert pool._target("http://[::1]/v1/chat/completions") == (

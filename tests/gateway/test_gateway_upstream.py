@@ -8,7 +8,7 @@ import httpx
 import openai
 import pytest
 
-from gateway_harness import wait_for
+from gateway_harness import Gateway, gateway_config, wait_for
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -82,6 +82,31 @@ def test_pass_on_holds_done_back_and_drops_only_the_usage_the_client_did_not_ask
             assert stream.pass_on(usage[9:] + done) == (usage if want_usage else b"")
             assert stream.done == done and stream.usage == {"completion_tokens": 2}
             assert stream.chunks == 2 + want_usage
+
+
+def test_an_upstream_whose_body_never_ends_after_its_done_is_not_waited_on(
+        tmp_path, upstreams, dead_port, jwt_keys):
+    # The client's [DONE] waits for the upstream's body to end (so the request is settled
+    # first); an upstream that holds its body open after [DONE] gets 2 s for it, not the
+    # read timeout, and the answer it gave in full is metered as one.
+    config = gateway_config("memory", upstreams, dead_port, jwt_keys["jwks_file"])
+    config["upstream_timeout_s"] = 30
+    gw = Gateway(tmp_path, config).start()
+    upstreams.set("slowstream", interval_s=0.001, linger_s=20)
+    try:
+        key = gw.create_key("acme")
+        started = time.monotonic()
+        chunks = list(gw.client(key["key"]).chat.completions.create(
+            model="stream", messages=HI, max_tokens=3, stream=True))
+        took = time.monotonic() - started
+        assert "".join(c.choices[0].delta.content for c in chunks if c.choices) == \
+            "slowstream:0 slowstream:1 slowstream:2 "
+        assert took < 12, took        # ~2 s: neither the upstream's 20 s nor the timeout's 30
+        entries = gw.ledger(lambda e: e["key_id"] == key["id"])
+        assert [(e["status"], e["output_tokens"]) for e in entries] == [(200, 3)]
+    finally:
+        upstreams.set("slowstream", linger_s=0)
+        gw.stop()
 
 
 def test_legacy_completions_route(gateway, acme_key):

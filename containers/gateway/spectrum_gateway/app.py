@@ -36,6 +36,9 @@ from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFai
                        carries_usage, event_json, split_events)
 
 CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
+# An upstream's body ends right after its [DONE]; one that does not is not waited on for the
+# whole read timeout, since the client's [DONE] is held until it does.
+END_AFTER_DONE_S = 2.0
 log = logging.getLogger("spectrum_gateway")
 
 
@@ -493,6 +496,8 @@ class RelayedStream:
         error event. Settles the request at the end, and returns what goes last: ``[DONE]``."""
         def sink(data: bytes):
             out = self.pass_on(data)
+            if self.done:       # held back until the body ends, which must not be long
+                self.response.expect_end(END_AFTER_DONE_S)
             return write(out) if out else None
 
         self.gateway.inflight += 1

@@ -63,7 +63,7 @@ class _Connection(asyncio.Protocol):
     """One TCP connection; at most one answer being read on it at a time."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, read_timeout_s: float | None) -> None:
-        self.loop, self.read_timeout_s = loop, read_timeout_s
+        self.loop, self.pool_read_timeout_s = loop, read_timeout_s
         self.transport = None
         self.closed = False
         self.idle_since = 0.0
@@ -72,6 +72,7 @@ class _Connection(asyncio.Protocol):
 
     def _reset(self) -> None:
         self.parser = httptools.HttpResponseParser(self)
+        self.read_timeout_s = self.pool_read_timeout_s     # ``expect_end`` shortens it
         self.status = 0
         self.headers = Headers()
         self.headers_done = False
@@ -181,6 +182,16 @@ class _Connection(asyncio.Protocol):
         else:
             self._timer = self.loop.call_later(self.read_timeout_s - silent, self._check_silence)
 
+    def expect_end(self, within_s: float) -> None:
+        """The rest of this answer is due within ``within_s`` of its last bytes (what it
+        carries has all come): the read timeout is that, until the next request."""
+        if self.complete or (self.read_timeout_s and self.read_timeout_s <= within_s):
+            return
+        self.read_timeout_s = within_s
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self.loop.call_later(within_s, self._check_silence)
+
     async def wait(self) -> None:
         """Until the next bytes, the end, or a failure."""
         if self.error is not None:
@@ -260,6 +271,12 @@ class Response:
             if c.held is not None:
                 held, c.held = c.held, None
                 await held
+
+    def expect_end(self, within_s: float) -> None:
+        """The rest of the body is due within ``within_s``, or reading fails as timed out
+        (``_Connection.expect_end``)."""
+        if self._connection is not None:
+            self._connection.expect_end(within_s)
 
     async def read(self) -> bytes:
         c = self._connection

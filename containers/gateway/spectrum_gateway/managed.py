@@ -54,6 +54,9 @@ class ManagedResponse:
     async def pump(self, sink) -> None:
         await pump_from(self.aiter_raw(), sink)
 
+    def expect_end(self, within_s: float) -> None:
+        """Nothing to wait for: the stream ends with the [DONE] made here."""
+
     async def aclose(self) -> None:
         if self._closer is not None:
             closer, self._closer = self._closer, None

@@ -70,6 +70,9 @@ class HttpResponse:
         except http1.ReadFailed as e:
             raise self._broken(e) from None
 
+    def expect_end(self, within_s: float) -> None:
+        self._response.expect_end(within_s)
+
     async def aclose(self) -> None:
         self._response.close()     # back to the pool only if read to its end
         on_close, self.on_close = self.on_close, None
