@@ -2,8 +2,8 @@
 and httptools, the gateway's upstream client ``spectrum_gateway.http1``, raw ASGI). No key, no
 quota, no routing, no meter, no JSON parsing: the body is passed on and the answer's bytes come
 back as they arrive, each chunk written from the upstream connection's callback as the gateway
-does (``app``; ``pull_app`` wakes the request's task for each instead). What it costs per token
-and per request is what any gateway on this stack costs at least.
+does. What it costs per token and per request is what any gateway on this stack costs at
+least.
 
     SPECTRUM_FLOOR_UPSTREAM=http://127.0.0.1:PORT/u/fake/v1 \\
         python -m uvicorn --app-dir containers/gateway/bench floor_relay:app --port 8001
@@ -49,37 +49,18 @@ async def whole_body(receive) -> bytes:
             return body
 
 
-def relay(pass_on):
-    """The floor's ASGI app, the answer's body passed on by ``pass_on(answer, send)``."""
-    async def app(scope, receive, send) -> None:
-        if scope["type"] == "lifespan":
-            return await _lifespan(receive, send)
-        if scope["method"] != "POST":
-            return await start_up_check(send)
-        body = await whole_body(receive)
-        path = scope["path"].removeprefix("/v1")
-        answer = await pool.post(UPSTREAM + path, body, {"content-type": "application/json"})
-        try:
-            await send({"type": "http.response.start", "status": answer.status, "headers": [
-                (b"content-type",
-                 answer.headers.get("content-type", "application/json").encode())]})
-            await pass_on(answer, send)
-        finally:
-            answer.close()
-        await send({"type": "http.response.body", "body": b""})
-    return app
-
-
-async def _pull(answer, send) -> None:
-    """Each chunk pulled by the request's task, woken for it, then written."""
-    async for chunk in answer.chunks():
-        await send({"type": "http.response.body", "body": chunk, "more_body": True})
-
-
-async def _push(answer, send) -> None:
-    """Each chunk written from the upstream connection's callback, as the gateway relays."""
-    await answer.pump(writer(send))
-
-
-app = relay(_push)            # the bench's floor: pushing, as the gateway relays
-pull_app = relay(_pull)       # bench/push_probe.py's other relay
+async def app(scope, receive, send) -> None:
+    if scope["type"] == "lifespan":
+        return await _lifespan(receive, send)
+    if scope["method"] != "POST":
+        return await start_up_check(send)
+    body = await whole_body(receive)
+    path = scope["path"].removeprefix("/v1")
+    answer = await pool.post(UPSTREAM + path, body, {"content-type": "application/json"})
+    try:
+        await send({"type": "http.response.start", "status": answer.status, "headers": [
+            (b"content-type", answer.headers.get("content-type", "application/json").encode())]})
+        await answer.pump(writer(send))     # each chunk from the connection's callback
+    finally:
+        answer.close()
+    await send({"type": "http.response.body", "body": b""})

@@ -211,17 +211,15 @@ def start_gateway(name: str, upstream: Process, log_dir: Path, store: str,
     return gw, json.loads(created.stdout)["key"]
 
 
-def start_floor(upstream: Process, log_dir: Path, relay: str = "app",
-                name: str = "floor") -> Process:
+def start_floor(upstream: Process, log_dir: Path) -> Process:
     """The floor: the gateway's stack (one uvicorn process, uvloop, httptools, its upstream
     client) with nothing of the gateway in it, relaying as the gateway does (each chunk pushed
-    on from the upstream connection's callback). ``relay="pull_app"``: the same pulling each
-    chunk in the request's task, as the gateway did before (``push_probe.py``)."""
+    on from the upstream connection's callback)."""
     port = free_port()
-    return start(name, [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
-                        f"floor_relay:{relay}", "--host", "127.0.0.1", "--port", str(port),
-                        "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
-                        "--no-access-log"], port, "/", log_dir,
+    return start("floor", [sys.executable, "-m", "uvicorn", "--app-dir", str(HERE),
+                           "floor_relay:app", "--host", "127.0.0.1", "--port", str(port),
+                           "--loop", "uvloop", "--http", "httptools", "--log-level", "warning",
+                           "--no-access-log"], port, "/", log_dir,
                  env={"SPECTRUM_FLOOR_UPSTREAM": f"{upstream.url}/u/{UPSTREAM_NAME}/v1"})
 
 

@@ -7,10 +7,10 @@ read) cost the gateway more CPU than its own checks did. This client does only w
 needs: POST a body, read the status and headers, hand on the body's chunks as they arrive,
 put the connection back when the answer was read to its end and drop it otherwise.
 
-A stream's chunks can be pulled (``chunks``: the reading task wakes for each) or pushed
-(``pump``: each chunk handed on from the connection's own callback as it is parsed, the task
-woken only at the end, on a failure, or while the reader is full). Pushing is how the gateway
-relays: it took 5-20 % off its CPU per streamed token, side by side with pulling.
+A stream's chunks are pushed (``pump``): each is handed on from the connection's own callback
+as it is parsed, the task woken only at the end, on a failure, or while the reader is full.
+Pulling them instead (the reading task woken for each) cost the gateway 5-20 % more CPU per
+streamed token, side by side.
 
 Timeouts: ``connect_timeout_s`` for the TCP (and TLS) connect, ``read_timeout_s`` for the
 silence between any two reads, checked by one timer a connection that is re-armed only when
@@ -30,9 +30,6 @@ import httptools
 # keep-alive connections (uvicorn after 5 s, nginx after 75 s), and a reuse that races their
 # close costs a retry.
 IDLE_S = 4.0
-# A stream read slower than it arrives (a slow client downstream) pauses reading from the
-# upstream past this many buffered bytes, and resumes below a quarter of it.
-HIGH_WATER = 256 * 1024
 
 
 class ConnectFailed(Exception):
@@ -79,8 +76,6 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = True
         self.chunks: deque[bytes] = deque()
-        self.buffered = 0             # bytes in ``chunks``, counted only while streaming
-        self.streaming = False
         self.paused = False
         self.error: ReadFailed | None = None
         self.answered = False
@@ -135,20 +130,7 @@ class _Connection(asyncio.Protocol):
                 self.paused = True
                 self.transport.pause_reading()
             return
-        self.chunks.append(body)          # pulled by ``chunks``, or pushed once ``held`` is done
-        if self.streaming:
-            self.buffered += len(body)
-            if self.buffered > HIGH_WATER and not self.paused:
-                self.paused = True
-                self.transport.pause_reading()
-
-    def taken(self, n: int) -> None:
-        """``n`` streamed bytes were passed on: resume reading once the buffer has drained."""
-        self.buffered -= n
-        if self.paused and self.buffered < HIGH_WATER // 4:
-            self.paused = False
-            self.last_read = time.monotonic()      # paused time is not the upstream's silence
-            self.transport.resume_reading()
+        self.chunks.append(body)          # for ``read``, or pushed once ``held`` is done
 
     def on_message_complete(self) -> None:
         self.complete = True
@@ -221,26 +203,13 @@ class _Connection(asyncio.Protocol):
 
 class Response:
     """An answer with its status and headers read and its body not yet: ``read`` it or
-    iterate ``chunks``, then ``close`` (the connection goes back to the pool only when the
+    ``pump`` it, then ``close`` (the connection goes back to the pool only when the
     body was read to its end)."""
 
     def __init__(self, pool: "Pool", key: tuple, connection: _Connection) -> None:
         self._pool, self._key, self._connection = pool, key, connection
         self.status = connection.status
         self.headers = connection.headers
-
-    async def chunks(self):
-        c = self._connection
-        c.streaming = True
-        c.buffered = sum(map(len, c.chunks))
-        while True:
-            while c.chunks:
-                chunk = c.chunks.popleft()
-                c.taken(len(chunk))
-                yield chunk
-            if c.complete:
-                return
-            await c.wait()
 
     async def pump(self, sink) -> None:
         """Hand the body's chunks to ``sink`` as they arrive, called from the connection's
