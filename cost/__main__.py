@@ -1,5 +1,6 @@
-"""python -m cost {prices,breakeven,compare,recommend,agent,bill,consolidate}: which rung is cheapest for your
-traffic, what each gateway tenant owes, and what serving many models on one endpoint saves.
+"""python -m cost {prices,breakeven,compare,simulate,recommend,agent,bill,consolidate}: which rung is cheapest for
+your traffic (from a profile, or from a real trace through every rung's autoscaling and batching), what each
+gateway tenant owes, and what serving many models on one endpoint saves.
 
 Exit codes: 0 ok, 1 failure (e.g. the Price List API unreachable), 2 bad input.
 """
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
         prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,recommend,agent,bill,consolidate}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,simulate,recommend,agent,bill,consolidate}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
     p.add_argument("--kind", choices=("all", "bedrock", "instance", "eks"), default="all")
@@ -73,6 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
     add_capacity_args(c, repeat=True)
     c.add_argument("--plot", metavar="FILE.png", help="draw monthly cost against monthly tokens for every rung")
     c.set_defaults(handler=cmd_compare)
+
+    sm = sub.add_parser("simulate", parents=[common], help="a request trace through every rung's autoscaling, batching, "
+                                                           "throttling and bill; or a replay re-predicted",
+                        description="Replays a trace (arrival times and sizes) through Bedrock's quotas, SageMaker's "
+                                    "target tracking and EKS's HPA/KEDA, each replica a continuous-batching server, "
+                                    "and prices what each rung ran.")
+    from cost.simulate.cli import add_arguments as add_simulate_arguments
+    add_simulate_arguments(sm, add_pricing_args)
+    sm.set_defaults(handler=cmd_simulate)
 
     r = sub.add_parser("recommend", parents=[common], help="which rung, why, and what would flip it")
     from cost.recommend import REQUIREMENTS
@@ -405,6 +415,12 @@ def cmd_compare(args):
         data["plot"] = str(plot_compare(args.plot, traffic, price, fleets, args.tier))
     data["assumptions"] = assumptions
     return data, render.compare
+
+
+def cmd_simulate(args):
+    from cost.simulate.cli import command
+    from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
+    return command(args, table_from, eks_fixed_hourly)
 
 
 def cmd_recommend(args):

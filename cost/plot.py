@@ -150,3 +150,74 @@ def plot_consolidate(path: str | Path, xs: list[int], series: dict[str, list[flo
     ax.grid(True, alpha=0.3)
     ax.legend(loc="upper left", fontsize=9)
     return _save(fig, plt, path)
+
+
+def plot_simulation(path: str | Path, sim, data: dict) -> Path:
+    """``cost simulate --plot``: above, the trace's load and each rung's serving replicas over
+    time, with launches (cold starts) and Bedrock's throttled attempts marked; below, monthly cost
+    against ``--scale`` for every rung, with each self-hosted rung's break-even against Bedrock."""
+    import numpy as np
+
+    path, plt = _start(path)
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9), dpi=110)
+    minutes = sim.per_minute_counts()
+    xs = np.arange(len(minutes)) / 60            # hours
+    top.bar(xs, minutes, width=1 / 60, color="#cccccc", label="requests per minute (left)")
+    top.set_xlabel("hours into the trace")
+    top.set_ylabel("requests per minute")
+    right = top.twinx()
+    drawn = set()
+    for row in data["rungs"]:
+        level = row["level"]
+        run = sim.level_runs[level]
+        if level == 1:
+            if len(run.throttle_times):
+                per_min = np.bincount((np.asarray(run.throttle_times) // 60).astype(int), minlength=len(minutes))
+                hit = np.nonzero(per_min)[0]
+                top.scatter(hit / 60, minutes[np.minimum(hit, len(minutes) - 1)], marker="x", color=COLOURS[1],
+                            s=18, label="Bedrock: minutes with throttling", zorder=3)
+            continue
+        key = (row["policy"]["kind"], repr(row["policy"]))
+        if key in drawn:                     # rungs 2-5 share one simulation: draw it once
+            continue
+        drawn.add(key)
+        colour = COLOURS.get(level, SAGEMAKER_COLOURS[len(drawn) % len(SAGEMAKER_COLOURS)])
+        times = [t / 3600 for t, _, _ in run.timeline]
+        counts = [c for _, c, _ in run.timeline]
+        label = "EKS replicas" if level == 6 else f"SageMaker replicas (rung{'s 2-5' if level == 2 else ' ' + str(level)})"
+        right.step(times, counts, where="post", color=colour, lw=2, label=label)
+        launches = [i.launched_s / 3600 for i in run.instances if i.launched_s > 0]
+        if launches:
+            right.scatter(launches, [0.15] * len(launches), marker="^", color=colour, s=30,
+                          label=f"{'EKS' if level == 6 else 'SageMaker'} cold starts (launch)")
+    right.set_ylabel("serving replicas")
+    right.set_ylim(bottom=0)
+    handles = top.get_legend_handles_labels()
+    more = right.get_legend_handles_labels()
+    top.legend(handles[0] + more[0], handles[1] + more[1], loc="upper left", fontsize=8)
+    t = data["trace"]
+    top.set_title(f"{t['requests']:,} requests over {t['span_s'] / 3600:.2f} h: load and replicas per rung")
+
+    scales = [2 ** (i / 4) for i in range(-24, 49)]
+    curves = sim.cost_curves(scales)
+    for level, ys in curves.items():
+        if level in (3, 4, 5) and 2 in curves:
+            continue                          # the same bill as rung 2
+        colour = COLOURS.get(level, SAGEMAKER_COLOURS[0])
+        label = {1: "Bedrock (per token)", 2: "SageMaker, rungs 2-5", 6: "EKS, rung 6"}.get(level, f"rung {level}")
+        bottom.plot(scales, ys, color=colour, lw=2, label=label)
+    for level, k in (data.get("break_even_scale") or {}).items():
+        if k is None or level in ("3", "4", "5"):
+            continue
+        bottom.axvline(k, color=COLOURS.get(int(level), SAGEMAKER_COLOURS[0]), linestyle=":", lw=1.5)
+        bottom.annotate(f"rung {level} = Bedrock at x{k:.3g}", (k, 0.02), xycoords=("data", "axes fraction"),
+                        rotation=90, fontsize=8, xytext=(3, 0), textcoords="offset points")
+    bottom.axvline(1, color="black", lw=1, alpha=0.4)
+    bottom.set_xscale("log")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("--scale (arrival rate x the trace's)")
+    bottom.set_ylabel("USD per month")
+    bottom.set_title("Monthly cost against scale (self-hosted sized at the recommended per-instance load)")
+    bottom.grid(True, which="both", alpha=0.25)
+    bottom.legend(loc="upper left", fontsize=9)
+    return _save(fig, plt, path)

@@ -1,0 +1,1 @@
+"""The trace simulator: capacity model, per-rung policies, events."""

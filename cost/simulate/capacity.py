@@ -1,0 +1,437 @@
+"""The capacity model of one replica: how long a continuous-batching server's engine steps take.
+
+A replica is one vLLM server. The simulator runs it in engine steps, as vLLM does:
+
+- time advances in engine steps; each step decodes one token for every running sequence and
+  prefills up to ``max_num_batched_tokens`` − (running sequences) tokens of admitted prompts,
+  first come first served (chunked prefill: a prompt longer than the room left is split over
+  several steps). At most ``max_num_seqs`` sequences are admitted at once, and admission stops
+  when the KV cache (``kv_cache_tokens``) is full.
+- a step takes ``step_s(seqs, kv_tokens, prefill_tokens)`` =
+  ``step_base_s + step_per_seq_s·seqs + step_per_kv_token_s·kv_tokens + prefill_per_token_s·prefill_tokens``
+  where ``seqs`` counts every sequence in the step (decoding, or prefilling a chunk),
+  ``kv_tokens`` the tokens those sequences hold in the KV cache at the step (a decoding
+  sequence: its prompt and the tokens generated so far; a prefilling one: its prompt tokens
+  computed so far, this step's chunk included), and ``prefill_tokens`` the prompt tokens this
+  step computes. ``step_base_s`` is the intercept; a lone sequence with an empty cache costs
+  ``step_base_s + step_per_seq_s``.
+- a request's TTFT = its queue wait + the steps until its prefill is done (its first token comes
+  out of the step that finishes its prefill) + ``request_overhead_s`` (what the client sees
+  outside engine steps: HTTP, tokenising, detokenising, streaming). Its E2E adds one step per
+  further output token.
+
+Two ways to get a model:
+- ``fit_capacity`` (``from_bench``, ``load_capacity``): from what ``python -m options.bench
+  --profile capacity`` measured on a real server. The fit is non-negative least squares on
+  relative errors over every measured point, each point predicted by running the same step
+  semantics over the measured request pattern (``wave_terms``): serial requests (TTFT is the
+  prefill), bursts of c requests sent at once (their prefill shares the token budget, then c
+  sequences decode together: the median request's time per output token), and long prompts
+  arriving while others decode (TTFT of a prefill inside a decode batch).
+- ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
+  when no capacity bench exists (see ``GPU_DEFAULTS``).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from options.core import BadInput
+
+SCHEMA = "spectrum.capacity/1"
+PROFILE_SCHEMA = "spectrum.capacity_profile/1"
+BENCH_SCHEMA = "spectrum.bench/1"
+
+# The coefficients a fit finds, in the order of a fit row's terms.
+COEFFICIENTS = ("step_base_s", "step_per_seq_s", "step_per_kv_token_s", "prefill_per_token_s",
+                "request_overhead_s")
+LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "max_model_len")
+# How closely a fit must reproduce its own points (relative): what --profile capacity checks.
+TOLERANCE = {"decode": 0.10, "prefill": 0.15}
+# A chat-like request, the mix a throughput figure (from_throughput) is pinned to.
+CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS = 1000, 200
+
+# from_throughput's replica: vLLM's OpenAI-server limits on a data-centre GPU, and step
+# coefficients shaped like an 8B model in 16-bit weights on one 24 GB GPU (a step reads all
+# weights: ~25 ms; 2 FLOPs per weight per token: ~0.13 ms a sequence, ~0.16 ms a prompt token;
+# KV reads at 128 KiB a token: ~0.2 µs a token). Only their ratios matter: from_throughput
+# scales all four so the saturated output tok/s at the chat mix equals the figure given.
+GPU_DEFAULTS = {
+    "max_num_seqs": 256,
+    "max_num_batched_tokens": 8192,
+    "kv_cache_tokens": 262_144,        # e.g. 32 GiB of KV at 128 KiB a token
+    "max_model_len": None,
+    "step_base_s": 25e-3,
+    "step_per_seq_s": 0.13e-3,
+    "step_per_kv_token_s": 0.2e-6,
+    "prefill_per_token_s": 0.16e-3,
+    "request_overhead_s": 3e-3,        # HTTP + tokenising on the replica; not scaled
+}
+
+
+@dataclass(frozen=True)
+class CapacityModel:
+    """One replica's engine steps and limits (see the module docstring for the step semantics)."""
+    step_base_s: float            # a step's fixed cost (batch of 1, empty KV)
+    step_per_seq_s: float         # added per running sequence in the step
+    step_per_kv_token_s: float    # added per token held in the KV cache across the batch (attention reads)
+    prefill_per_token_s: float    # added per prompt token prefilled in the step
+    max_num_seqs: int             # most sequences running at once (vLLM max_num_seqs)
+    max_num_batched_tokens: int   # most tokens (prefill + decode) in one step
+    kv_cache_tokens: int          # KV cache size in tokens (admission stops when full)
+    max_model_len: int | None
+    request_overhead_s: float     # fixed client-visible latency per request outside engine steps (HTTP, tokenise, detokenise)
+    source: str                   # "bench FILE (fitted from N points)" or "--capacity 1500 tok/s with defaults ..."
+    fit: dict = field(default_factory=dict, compare=False)   # the fit's points and residuals, may be {}
+
+    def __post_init__(self) -> None:
+        for name in COEFFICIENTS:
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise BadInput(f"capacity model: {name} = {value!r} must be a finite number >= 0 (seconds)")
+        for name in LIMITS:
+            value = getattr(self, name)
+            if value is None and name == "max_model_len":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise BadInput(f"capacity model: {name} = {value!r} must be a whole number >= 1")
+        if self.step_s(1, 1, 0) <= 0:
+            raise BadInput("capacity model: every coefficient is 0, so a step would take no time")
+
+    # --- the step ----------------------------------------------------------------------------
+
+    def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int) -> float:
+        """How long one engine step takes (see the module docstring for what each count means)."""
+        return (self.step_base_s + self.step_per_seq_s * seqs + self.step_per_kv_token_s * kv_tokens
+                + self.prefill_per_token_s * prefill_tokens)
+
+    def coefficients(self) -> tuple[float, ...]:
+        return tuple(getattr(self, name) for name in COEFFICIENTS)
+
+    def idle_ttft_s(self, prompt_tokens: float) -> float:
+        """TTFT of one request on an idle replica: its prefill steps and the request overhead."""
+        return _dot(wave_terms(1, prompt_tokens, 1, self.max_num_batched_tokens, self.max_num_seqs)[0][0],
+                    self.coefficients())
+
+    def saturated_output_tok_s(self, input_tokens: float, output_tokens: float) -> float:
+        """Steady-state output tokens/s with the batch full, for requests of these mean sizes.
+
+        The batch holds B sequences: ``max_num_seqs``, fewer where the KV cache cannot hold B
+        whole requests (prompt + answer) or where one step's token budget cannot hold B decode
+        tokens plus the prefill that replaces finishing sequences. Each sequence stays ``output``
+        steps (its first token comes out of its prefill step), so per step B·input/output prompt
+        tokens are prefilled and the cache holds B·(input + output/2) tokens on average; B
+        tokens come out of every step.
+        """
+        if not (_is_number(input_tokens) and input_tokens >= 0 and math.isfinite(input_tokens)):
+            raise BadInput(f"input_tokens {input_tokens!r} must be a finite number >= 0")
+        if not (_is_number(output_tokens) and output_tokens >= 1 and math.isfinite(output_tokens)):
+            raise BadInput(f"output_tokens {output_tokens!r} must be a finite number >= 1")
+        batch = float(self.max_num_seqs)
+        batch = min(batch, self.kv_cache_tokens / (input_tokens + output_tokens))
+        batch = min(batch, self.max_num_batched_tokens / (1 + input_tokens / output_tokens))
+        batch = max(batch, 1.0)
+        step = self.step_s(batch, batch * (input_tokens + output_tokens / 2),
+                           batch * input_tokens / output_tokens)
+        return batch / step
+
+    def describe(self) -> str:
+        """One line for tables: the coefficients in readable units and the limits."""
+        return (f"step {self.step_base_s * 1e3:.3g} ms + {self.step_per_seq_s * 1e3:.3g} ms/seq + "
+                f"{self.step_per_kv_token_s * 1e6:.3g} µs/KV token + {self.prefill_per_token_s * 1e6:.3g} µs/prompt "
+                f"token; overhead {self.request_overhead_s * 1e3:.3g} ms; ≤ {self.max_num_seqs} seqs, "
+                f"{self.max_num_batched_tokens:,} tokens/step, KV {self.kv_cache_tokens:,} tokens"
+                + (f", max_model_len {self.max_model_len:,}" if self.max_model_len else ""))
+
+    # --- JSON --------------------------------------------------------------------------------
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": SCHEMA, **asdict(self)}
+
+    @classmethod
+    def from_json(cls, doc: Any, where: str = "capacity model") -> "CapacityModel":
+        """From ``to_json``'s dict; BadInput naming ``where`` and the first missing or bad key."""
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where} must be a JSON object, not {type(doc).__name__}")
+        if doc.get("schema", SCHEMA) != SCHEMA:
+            raise BadInput(f"{where} has schema {doc.get('schema')!r}; expected {SCHEMA!r}")
+        required = COEFFICIENTS + LIMITS
+        missing = [k for k in required if k not in doc]
+        if missing:
+            raise BadInput(f"{where} has no {missing[0]!r}" + (f" (nor {', '.join(map(repr, missing[1:]))})"
+                                                                if len(missing) > 1 else "")
+                           + f": a capacity model needs {', '.join(required)}")
+        try:
+            return cls(**{k: doc[k] for k in required},
+                       source=str(doc.get("source") or where), fit=dict(doc.get("fit") or {}))
+        except BadInput as exc:
+            raise BadInput(f"{where}: {exc}") from None
+
+    @classmethod
+    def from_bench(cls, doc: Any, origin: str) -> "CapacityModel":
+        """From a ``spectrum.bench/1`` document: its ``capacity_model``, else a fit of its
+        ``capacity_profile``, else (an older bench with only a throughput) ``from_throughput``
+        on its ``metrics.output_tokens_per_second``."""
+        where = f"bench {origin}"
+        if not isinstance(doc, dict):
+            raise BadInput(f"{where} must be a JSON object, not {type(doc).__name__}")
+        if "capacity_model" in doc:
+            model = cls.from_json(doc["capacity_model"], f"{where}: capacity_model")
+            points = len((model.fit or {}).get("points") or [])
+            return replace(model, source=f"bench {origin} (fitted from {points} points)")
+        if "capacity_profile" in doc:
+            return fit_capacity(doc["capacity_profile"], origin)
+        tps = (doc.get("metrics") or {}).get("output_tokens_per_second")
+        if _is_number(tps) and math.isfinite(tps) and tps > 0:
+            return cls.from_throughput(float(tps), f"bench {origin} (its output tok/s only, measured at "
+                                                   f"{_load_of(doc)}: no capacity_profile)")
+        raise BadInput(f"{where} has no 'capacity_model', 'capacity_profile' or "
+                       "'metrics.output_tokens_per_second': measure one with `python -m options.bench "
+                       "--profile capacity --json FILE`")
+
+    @classmethod
+    def from_throughput(cls, output_tok_s: float, origin: str) -> "CapacityModel":
+        """A GPU replica (``GPU_DEFAULTS``: ≤ 256 sequences, 8,192 tokens a step, a 262,144-token KV
+        cache, step coefficients shaped like an 8B model on one 24 GB GPU) with its step
+        coefficients scaled so that ``saturated_output_tok_s(1000, 200)`` equals ``output_tok_s``;
+        the request overhead stays 3 ms."""
+        if not (_is_number(output_tok_s) and math.isfinite(output_tok_s) and output_tok_s > 0):
+            raise BadInput(f"{origin}: output tok/s {output_tok_s!r} must be a number > 0")
+        shape = cls(**GPU_DEFAULTS, source="shape")
+        scale = shape.saturated_output_tok_s(CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS) / output_tok_s
+        scaled = {k: v * scale if k in COEFFICIENTS and k != "request_overhead_s" else v
+                  for k, v in GPU_DEFAULTS.items()}
+        return cls(**scaled, source=(
+            f"{origin}: {output_tok_s:,.0f} output tok/s at saturation for {CHAT_INPUT_TOKENS:,} in / "
+            f"{CHAT_OUTPUT_TOKENS} out, with defaults for a GPU replica (max_num_seqs "
+            f"{GPU_DEFAULTS['max_num_seqs']}, max_num_batched_tokens {GPU_DEFAULTS['max_num_batched_tokens']:,}, "
+            f"KV cache {GPU_DEFAULTS['kv_cache_tokens']:,} tokens, step costs shaped like an 8B model on "
+            f"one 24 GB GPU, overhead {GPU_DEFAULTS['request_overhead_s'] * 1e3:g} ms)"))
+
+
+# --- reading a file --------------------------------------------------------------------------
+
+def load_capacity(path: str | Path) -> CapacityModel:
+    """A capacity model from a bench JSON file (``python -m options.bench --profile capacity
+    --json FILE``) or a saved ``CapacityModel.to_json``; BadInput naming the file and what is
+    missing."""
+    path = Path(path)
+    where = f"capacity file {str(path)!r}"
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{where} does not exist (write one with `python -m options.bench --profile "
+                       "capacity --json FILE`)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadInput(f"{where} is not readable JSON: {exc}") from None
+    if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+        return CapacityModel.from_json(doc, where)
+    if not isinstance(doc, dict) or doc.get("schema") != BENCH_SCHEMA:
+        got = doc.get("schema") if isinstance(doc, dict) else type(doc).__name__
+        raise BadInput(f"{where} is neither a bench result (\"schema\": \"{BENCH_SCHEMA}\") nor a "
+                       f"capacity model (\"schema\": \"{SCHEMA}\"); got {got!r}")
+    return CapacityModel.from_bench(doc, str(path))
+
+
+# --- the fit ---------------------------------------------------------------------------------
+
+def wave_terms(requests: int, prompt_tokens: float, output_tokens: int, max_num_batched_tokens: int,
+               max_num_seqs: int, background_seqs: int = 0, background_kv: float = 0.0):
+    """``requests`` identical requests reaching an engine at the same instant, run through the
+    module's step semantics; for each request the terms (one per coefficient, in
+    ``COEFFICIENTS`` order) of its TTFT and of its time per output token after the first.
+
+    The schedule (which sequences and tokens each step holds) does not depend on how long steps
+    take, so every latency is a fixed combination of the coefficients: a dot product of these
+    terms with them. ``background_seqs`` sequences holding ``background_kv`` tokens keep
+    decoding beside them throughout (the mixed point: a prompt arriving while others decode).
+    """
+    ttft = [[0.0] * 5 for _ in range(requests)]
+    decode = [[0.0] * 5 for _ in range(requests)]
+    done = [0.0] * requests            # prompt tokens computed so far
+    made = [0] * requests              # output tokens so far
+    admitted = 0                       # requests admitted (FCFS) so far
+    bg_kv = background_kv
+    while any(m < output_tokens for m in made):
+        decoding = [i for i in range(admitted) if done[i] >= prompt_tokens and made[i] < output_tokens]
+        # Admit while sequences may be added; prefilling ones share what is left of the budget.
+        while admitted < requests and admitted + background_seqs - sum(
+                1 for i in range(admitted) if made[i] >= output_tokens) < max_num_seqs:
+            admitted += 1
+        room = max_num_batched_tokens - len(decoding) - background_seqs
+        chunks: dict[int, float] = {}
+        for i in range(admitted):
+            if done[i] < prompt_tokens and room > 0:
+                chunks[i] = min(prompt_tokens - done[i], room)
+                room -= chunks[i]
+        if not chunks and not decoding:
+            raise BadInput(f"max_num_batched_tokens {max_num_batched_tokens} leaves no room to prefill "
+                           f"beside {background_seqs} running sequences")
+        seqs = len(decoding) + len(chunks) + background_seqs
+        kv = (sum(prompt_tokens + made[i] for i in decoding) + sum(done[i] + c for i, c in chunks.items())
+              + bg_kv)
+        step = (1.0, float(seqs), float(kv), float(sum(chunks.values())), 0.0)
+        for i in range(requests):
+            if made[i] >= output_tokens:
+                continue
+            if i in decoding:
+                _add(decode[i], step)
+            elif made[i] == 0:          # waiting or prefilling: the step delays its first token
+                _add(ttft[i], step)
+        for i in decoding:
+            made[i] += 1
+        for i, c in chunks.items():
+            done[i] += c
+            if done[i] >= prompt_tokens:
+                made[i] = 1             # the step that finishes a prefill gives the first token
+        bg_kv += background_seqs
+    for t in ttft:
+        t[4] += 1.0                     # the request overhead, once per request
+    per_token = [[x / (output_tokens - 1) for x in d] if output_tokens > 1 else d for d in decode]
+    return ttft, per_token
+
+
+def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
+    """The terms of one measured point's latency (a fit row), from its kind and sizes."""
+    budget, seqs_cap = limits["max_num_batched_tokens"], limits["max_num_seqs"]
+    kind = point["kind"]
+    if kind == "prefill":               # serial requests: TTFT is overhead + the prefill steps
+        ttft, _ = wave_terms(1, point["prompt_tokens"], 1, budget, seqs_cap)
+        return ttft[0]
+    if kind == "decode":                # a burst of c: the median request's time per output token
+        _, per_token = wave_terms(point["requests"], point["prompt_tokens"], point["output_tokens"],
+                                  budget, seqs_cap)
+        return _median_terms(per_token)
+    if kind == "mixed":                 # a prompt arriving during others' decode steps
+        ttft, _ = wave_terms(1, point["prompt_tokens"], 1, budget, seqs_cap,
+                             background_seqs=point["background_seqs"],
+                             background_kv=point["background_kv_tokens"])
+        # It arrives at a random moment of a running step: on average half a step before its own.
+        waiting = [0.5, 0.5 * point["background_seqs"], 0.5 * point["background_kv_tokens"], 0.0, 0.0]
+        return [a + b for a, b in zip(ttft[0], waiting)]
+    raise BadInput(f"capacity_profile point kind {kind!r} is not prefill, decode or mixed")
+
+
+MEASURED = {"prefill": "ttft_s", "decode": "step_s", "mixed": "ttft_s"}
+NEEDS = {"prefill": ("prompt_tokens", "ttft_s"),
+         "decode": ("requests", "prompt_tokens", "output_tokens", "step_s"),
+         "mixed": ("background_seqs", "background_kv_tokens", "prompt_tokens", "ttft_s")}
+
+
+def fit_capacity(profile: dict, origin: str) -> CapacityModel:
+    """Fit the step coefficients and the request overhead to a capacity profile (what
+    ``python -m options.bench --profile capacity`` writes as ``capacity_profile``).
+
+    Non-negative least squares on relative errors (every point counts by its error in percent,
+    so a 2 ms step and a 40 ms TTFT weigh alike), coefficients kept >= 0. ``fit`` holds every
+    point with its prediction and residual, the worst residual per kind, and whether they are
+    within ``TOLERANCE``.
+    """
+    import numpy as np
+
+    where = f"bench {origin}: capacity_profile"
+    if not isinstance(profile, dict):
+        raise BadInput(f"{where} must be a JSON object, not {type(profile).__name__}")
+    for key in ("limits", "points"):
+        if key not in profile:
+            raise BadInput(f"{where} has no {key!r}")
+    limits = profile["limits"]
+    for key in LIMITS:
+        if not isinstance(limits, dict) or key not in limits:
+            raise BadInput(f"{where}.limits has no {key!r}")
+    points = [p for p in profile["points"] if isinstance(p, dict)]
+    for n, point in enumerate(points):
+        kind = point.get("kind")
+        if kind not in NEEDS:
+            raise BadInput(f"{where}.points[{n}] has kind {kind!r}: expected prefill, decode or mixed")
+        for key in NEEDS[kind]:
+            value = point.get(key)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise BadInput(f"{where}.points[{n}] ({kind}) has no number {key!r} (got {value!r})")
+        if not point[MEASURED[kind]] > 0:
+            raise BadInput(f"{where}.points[{n}] ({kind}): {MEASURED[kind]} must be > 0")
+    kinds = {p["kind"] for p in points}
+    if not {"prefill", "decode"} <= kinds:
+        raise BadInput(f"{where} needs prefill and decode points to fit a step model (has: "
+                       f"{', '.join(sorted(kinds)) or 'none'})")
+    rows = np.array([point_terms(p, limits) for p in points], dtype=float)
+    measured = np.array([p[MEASURED[p["kind"]]] for p in points], dtype=float)
+    coef = _nonnegative_least_squares(rows / measured[:, None], np.ones(len(points)))
+    values = {name: float(v) for name, v in zip(COEFFICIENTS, coef)}
+    if values["step_base_s"] + values["step_per_seq_s"] <= 0:
+        raise BadInput(f"{where}: the points give no positive step time (measured: {measured.tolist()})")
+    predicted = rows @ coef
+    fitted = []
+    for point, pred, meas in zip(points, predicted, measured):
+        fitted.append({**point, "measured_s": float(meas), "predicted_s": float(pred),
+                       "residual": float(pred / meas - 1)})
+    worst = {kind: max(abs(p["residual"]) for p in fitted if p["kind"] == kind) for kind in sorted(kinds)}
+    check = {kind: {"tolerance": tol, "worst": worst[kind], "ok": worst[kind] <= tol}
+             for kind, tol in TOLERANCE.items() if kind in worst}
+    fit = {"method": "non-negative least squares on relative errors",
+           "points": fitted, "worst_residual": worst,
+           "rms_residual": float(np.sqrt(np.mean((predicted / measured - 1) ** 2))),
+           "check": check, "within_tolerance": all(c["ok"] for c in check.values())}
+    lim = {k: limits[k] for k in LIMITS}
+    try:
+        return CapacityModel(**values, **lim, source=f"bench {origin} (fitted from {len(points)} points)", fit=fit)
+    except BadInput as exc:
+        raise BadInput(f"{where}.limits: {exc}") from None
+
+
+def _nonnegative_least_squares(a, b):
+    """argmin ‖a·x − b‖ with x >= 0, exactly, for a handful of columns: the best unconstrained
+    solution over every subset of columns whose coefficients all come out >= 0 (the active-set
+    answer, found by trying all 2^n − 1 sets; n = 5 here)."""
+    import numpy as np
+
+    n = a.shape[1]
+    scale = np.linalg.norm(a, axis=0)
+    scale[scale == 0] = 1.0
+    a = a / scale                     # columns of ~1e-3 and ~1e-7 s alike: keep lstsq well conditioned
+    best, best_x = math.inf, np.zeros(n)
+    for mask in range(1, 2 ** n):
+        cols = [j for j in range(n) if mask >> j & 1]
+        x_cols, *_ = np.linalg.lstsq(a[:, cols], b, rcond=None)
+        if (x_cols < 0).any():
+            continue
+        x = np.zeros(n)
+        x[cols] = x_cols
+        cost = float(np.sum((a @ x - b) ** 2))
+        if cost < best - 1e-15:
+            best, best_x = cost, x
+    return best_x / scale
+
+
+# --- small helpers ---------------------------------------------------------------------------
+
+def _median_terms(rows: list[list[float]]) -> list[float]:
+    """The terms of the median request (by its total time per token): the middle one's, or the
+    mean of the middle two. Requests of a burst are ordered by admission, and their latency by
+    it too, so the middle of the admission order is the median."""
+    n = len(rows)
+    mid = rows[(n - 1) // 2], rows[n // 2]
+    return [(a + b) / 2 for a, b in zip(*mid)]
+
+
+def _add(acc: list[float], step: tuple[float, ...]) -> None:
+    for j, v in enumerate(step):
+        acc[j] += v
+
+
+def _dot(terms, coef) -> float:
+    return float(sum(t * c for t, c in zip(terms, coef)))
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _load_of(doc: dict[str, Any]) -> str:
+    profile = doc.get("profile") or {}
+    if profile.get("request_rate") is not None:
+        return f"{profile['request_rate']:g} req/s"
+    return f"concurrency {profile.get('concurrency')}"

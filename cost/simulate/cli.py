@@ -1,0 +1,346 @@
+"""``python -m cost simulate``: its flags, its two modes and its table.
+
+    python -m cost simulate --trace TRACE --model BEDROCK_ID --instance TYPE --bench BENCH.json [--rungs 1,3,6]
+    python -m cost simulate --predict-replay REPLAY.json --bench BENCH.json
+
+The first simulates every rung on the trace; the second re-predicts a replay that
+``python -m options.bench --replay`` measured, on the capacity model of the same server, and
+prints the prediction beside the measurement.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from options.core import BadInput
+
+STATS = ("p50", "p90", "p99")
+
+
+def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
+    from cost.simulate.fleet import ROUTINGS
+    from cost.simulate.scaling import SAGEMAKER_METRICS
+    from cost.traces import add_trace_arguments
+
+    add_trace_arguments(s, flag="--trace")
+    add_pricing_args(s)
+    cap = s.add_mutually_exclusive_group()
+    cap.add_argument("--capacity", type=float, metavar="TOK_S",
+                     help="output tokens/s one replica sustains at saturation (a capacity model with stated defaults)")
+    cap.add_argument("--bench", metavar="FILE",
+                     help="a capacity bench of the server (python -m options.bench --profile capacity --json FILE)")
+    s.add_argument("--rungs", default="1,2,3,4,5,6", metavar="LEVELS", help="levels to simulate (default all: 1,2,3,4,5,6)")
+    slo = s.add_argument_group("service-level objective")
+    slo.add_argument("--slo-ttft-ms", type=float, metavar="MS", help="time to first token each request must meet")
+    slo.add_argument("--slo-e2e-ms", type=float, metavar="MS", help="end-to-end latency each request must meet")
+    slo.add_argument("--slo-attainment", type=float, default=0.99, metavar="SHARE",
+                     help="share of requests that must meet it for a rung to count as meeting the SLO (default 0.99)")
+    bed = s.add_argument_group("Bedrock (rung 1)")
+    bed.add_argument("--bedrock-tpm", type=float, metavar="N", help="on-demand tokens-per-minute quota (input + output)")
+    bed.add_argument("--bedrock-rpm", type=float, metavar="N", help="requests-per-minute quota (default: none enforced)")
+    bed.add_argument("--bedrock-ttft-ms", type=float, metavar="MS", help="Bedrock's time to first token (default: stated assumption)")
+    bed.add_argument("--bedrock-output-tok-s", type=float, metavar="TOK_S", help="Bedrock's output tokens/s per request")
+    fl = s.add_argument_group("self-hosted fleets (rungs 2-6)")
+    fl.add_argument("--routing", choices=ROUTINGS, default="random",
+                    help="how requests pick a replica (default random: SageMaker's and kube-proxy's default)")
+    fl.add_argument("--min-instances", type=int, metavar="N", help="fleet floor (default 1)")
+    fl.add_argument("--max-instances", type=int, metavar="N", help="fleet ceiling (default: twice the peak minute's need + 1)")
+    fl.add_argument("--scale-to-zero", action="store_true",
+                    help="SageMaker inference components with copy count 0: the first requests fail while a copy starts")
+    fl.add_argument("--autoscale-metric", choices=SAGEMAKER_METRICS,
+                    help="simulate SageMaker with this target-tracking metric and --autoscale-target instead of searching")
+    fl.add_argument("--autoscale-target", type=float, metavar="X", help="the target value for --autoscale-metric")
+    fl.add_argument("--target-waiting", type=float, metavar="X",
+                    help="simulate EKS with this HPA/KEDA target of waiting requests per replica instead of searching")
+    fl.add_argument("--instance-start-s", type=float, metavar="S",
+                    help="SageMaker: launch to serving for a new instance (default: the dated table's)")
+    fl.add_argument("--replica-start-s", type=float, metavar="S",
+                    help="EKS: node launch + image pull + model load for a new replica (default: the dated table's)")
+    fl.add_argument("--eks-extended-support", action="store_true", help="price the EKS control plane on extended support")
+    s.add_argument("--predict-replay", metavar="REPLAY.json",
+                   help="re-predict a replay measured by python -m options.bench --replay (needs --bench)")
+    s.add_argument("--seed", type=int, default=0, help="seed of the router's and the retries' draws (default 0)")
+    s.add_argument("--plot", metavar="FILE.png",
+                   help="load and replicas over time per rung, and monthly cost against --scale with the break-evens")
+    s.add_argument("--no-progress", action="store_true")
+
+
+def parse_levels(text: str) -> tuple[int, ...]:
+    parts = [p.strip() for p in text.split(",") if p.strip()]
+    if not parts or not all(p.isdigit() and 1 <= int(p) <= 6 for p in parts):
+        raise BadInput(f"--rungs {text!r}: give levels 1-6 separated by commas, e.g. 1,3,6")
+    return tuple(sorted({int(p) for p in parts}))
+
+
+def capacity_from_args(args):
+    from cost.simulate.capacity import CapacityModel, load_capacity
+
+    if args.bench:
+        return load_capacity(args.bench)
+    if args.capacity is not None:
+        if not args.capacity > 0:
+            raise BadInput(f"--capacity {args.capacity!r} must be > 0 output tokens/s")
+        return CapacityModel.from_throughput(args.capacity, f"--capacity {args.capacity:g}")
+    raise BadInput("give the capacity of one replica: --bench FILE (python -m options.bench --profile capacity "
+                   "--json FILE) or --capacity OUTPUT_TOK_S")
+
+
+def command(args, table_from, eks_fixed_hourly):
+    """The handler ``python -m cost simulate`` dispatches to: (data, render). ``eks_fixed_hourly``
+    (infra.eks.cluster's, handed down by the CLI) prices the cluster's control plane and system nodes."""
+    if args.predict_replay:
+        return predict_replay(args), render_prediction
+    return simulate(args, table_from, eks_fixed_hourly), render_simulation
+
+
+def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
+    from cost.breakeven import check_discount
+    from cost.simulate.bedrock import BedrockSettings
+    from cost.simulate.rungs import Setup, Simulation, Slo
+    from cost.simulate.scaling import QueueDepth, TargetTracking, scaling_defaults
+    from cost.traces import trace_from_args
+
+    if not args.trace:
+        raise BadInput("give --trace FILE (a request trace: Azure CSV, Mooncake JSONL, the gateway's ledger or a "
+                       "curve CSV) or --predict-replay REPLAY.json")
+    if not args.model or not args.instance:
+        raise BadInput("give --model (the Bedrock model to compare against) and --instance (the instance a "
+                       "self-hosted replica runs on)")
+    if args.mix:
+        raise BadInput("--mix does not apply to simulate: the trace's own input and output sizes are its mix")
+    levels = parse_levels(args.rungs)
+    if (args.autoscale_metric is None) != (args.autoscale_target is None):
+        raise BadInput("give --autoscale-metric and --autoscale-target together (e.g. --autoscale-metric "
+                       "invocations --autoscale-target 70)")
+    for name, value in (("--min-instances", args.min_instances), ("--max-instances", args.max_instances)):
+        if value is not None and value < 0:
+            raise BadInput(f"{name} {value} must be >= 0")
+    table = table_from(args)
+    price = table.bedrock(args.model)
+    price.per_million(args.tier)
+    instance = table.instance(args.instance)
+    check_discount(args.discount)
+    capacity = capacity_from_args(args)
+    trace = trace_from_args(args)
+    bedrock = BedrockSettings()
+    for flag, attr, scale in (("bedrock_tpm", "tpm", 1), ("bedrock_rpm", "rpm", 1),
+                              ("bedrock_ttft_ms", "ttft_s", 1e-3), ("bedrock_output_tok_s", "output_tok_s", 1)):
+        value = getattr(args, flag)
+        if value is not None:
+            if not value > 0:
+                raise BadInput(f"--{flag.replace('_', '-')} {value!r} must be > 0")
+            setattr(bedrock, attr, value * scale)
+    low = 0 if args.scale_to_zero else (args.min_instances if args.min_instances is not None else 1)
+    sagemaker_policy = None
+    if args.autoscale_metric:
+        extra = {} if args.instance_start_s is None else {"start_s": args.instance_start_s}
+        sagemaker_policy = TargetTracking(args.autoscale_metric, args.autoscale_target, min_instances=low,
+                                          max_instances=args.max_instances or max(low, 10), **extra)
+    eks_policy = None
+    if args.target_waiting is not None:
+        extra = {} if args.replica_start_s is None else {"start_s": args.replica_start_s}
+        eks_policy = QueueDepth(args.target_waiting, min_replicas=max(1, args.min_instances or 1),
+                                max_replicas=args.max_instances or 10, **extra)
+    eks_fee = "control_plane_extended_support" if args.eks_extended_support else "control_plane"
+    setup = Setup(price=price, tier=args.tier, instance=instance, capacity={lv: capacity for lv in range(2, 7)},
+                  slo=Slo(args.slo_ttft_ms, args.slo_e2e_ms, args.slo_attainment), bedrock=bedrock,
+                  eks_fixed_hourly=eks_fixed_hourly(table, eks_fee)["hourly"], discount_pct=args.discount,
+                  routing=args.routing, scale_to_zero=args.scale_to_zero, min_instances=args.min_instances,
+                  max_instances=args.max_instances, sagemaker_policy=sagemaker_policy, eks_policy=eks_policy,
+                  sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed)
+    with _progress(args) as say:
+        sim = Simulation(trace, setup, levels, progress=say)
+        data = sim.run()
+        if args.plot:
+            say("plotting")
+            from cost.plot import plot_simulation
+            data["plot"] = str(plot_simulation(args.plot, sim, data))
+    defaults = scaling_defaults()
+    data["capacity"] = capacity.to_json()
+    data["assumptions"] = [
+        f"Bedrock {price.model_id} ({args.tier}), prices as of {price.as_of}; {price.source}",
+        f"{instance.name}: SageMaker ${instance.sagemaker_hourly}/h (rungs 2-5, billed per second of instance "
+        f"life, starting ones included), EC2 ${instance.ec2_hourly}/h (rung 6, per second with a 60 s minimum, "
+        f"plus the EKS control plane and system nodes), as of {instance.as_of}"
+        + (f", less {args.discount:g} %" if args.discount else ""),
+        f"capacity of one replica: {capacity.source}",
+        f"autoscaling and quota defaults from {Path(defaults['path']).name} (as of {defaults['as_of']}), each with "
+        f"its source there; SageMaker requests over {int(defaults['sagemaker']['invocation_timeout_s']['value'])} s "
+        f"time out (real-time endpoints' limit)",
+        "each replica is a continuous-batching server (FCFS queue, admission bounded by max sequences, the "
+        "step's token budget and the KV cache); requests are routed " + args.routing.replace("_", " "),
+        "Bedrock's latency is a stated assumption (TTFT + input/prompt rate + output/decode rate), not a measurement",
+        "break_even_scale prices other scales with the recommended invocations-per-instance target on the trace's "
+        "per-minute counts x scale (cost/simulate/rungs.py says why)",
+        *trace.notes,
+    ]
+    return data
+
+
+def _progress(args):
+    """A context giving ``say(message)``: a rich status line on stderr unless --no-progress/--json."""
+    import contextlib
+    import sys
+
+    @contextlib.contextmanager
+    def quiet():
+        yield lambda message: None
+
+    if args.no_progress or args.json or not sys.stderr.isatty():
+        return quiet()
+
+    @contextlib.contextmanager
+    def status():
+        from rich.console import Console
+        with Console(stderr=True).status("simulating") as line:
+            yield lambda message: line.update(f"simulating: {message}")
+    return status()
+
+
+# --- predicting a replay ----------------------------------------------------------------------
+
+def replay_trace(spec: dict[str, Any]):
+    """The requests a replay sent, rebuilt from its recorded spec: the trace re-read, its times
+    multiplied by the time scale, its sizes clipped as the replay clipped them."""
+    import dataclasses
+
+    import numpy as np
+
+    from cost.traces import spec_trace
+
+    try:
+        trace = spec_trace(spec["trace"])
+        time_scale = float(spec.get("time_scale") or 1.0)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise BadInput(f"the replay's spec lacks what re-reading it needs ({exc}): record it with "
+                       "python -m options.bench --replay ... --json FILE") from None
+    inputs, outputs = trace.input_tokens.copy(), trace.output_tokens.copy()
+    if spec.get("max_input"):
+        inputs = np.minimum(inputs, int(spec["max_input"]))
+    if spec.get("max_output"):
+        outputs = np.minimum(outputs, int(spec["max_output"]))
+    outputs = np.maximum(outputs, 1)         # the replay asks for at least one token
+    inputs = np.maximum(inputs, 1)
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s * time_scale, input_tokens=inputs,
+                               output_tokens=outputs, span_s=trace.span_s * time_scale)
+
+
+def predict_replay(args) -> dict[str, Any]:
+    import numpy as np
+
+    from cost.simulate.fleet import SERVED, run_fleet
+    from cost.simulate.scaling import Fixed
+
+    if not args.bench:
+        raise BadInput("--predict-replay needs --bench FILE: the capacity bench of the server the replay ran on")
+    path = Path(args.predict_replay)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"--predict-replay {str(path)!r} does not exist") from None
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--predict-replay {str(path)!r} is not a replay JSON: {exc}") from None
+    replay = doc.get("replay") if isinstance(doc, dict) else None
+    if not isinstance(replay, dict) or "spec" not in replay or "summary" not in replay:
+        raise BadInput(f"--predict-replay {str(path)!r} has no replay.spec and replay.summary: write it with "
+                       "python -m options.bench --replay TRACE ... --json FILE")
+    capacity = capacity_from_args(args)
+    trace = replay_trace(replay["spec"])
+    run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, capacity, Fixed(1),
+                    span_s=trace.span_s, seed=args.seed)
+    served = run.status == SERVED
+    predicted = {
+        "ttft_ms": _stats_ms(np.where(served, run.first_token_s - trace.arrival_s, np.nan)),
+        "e2e_ms": _stats_ms(np.where(served, run.finish_s - trace.arrival_s, np.nan)),
+    }
+    measured = {k: {s: replay["summary"].get(k, {}).get(s) for s in STATS} for k in ("ttft_ms", "e2e_ms")}
+    ratio = {k: {s: (round(predicted[k][s] / measured[k][s], 3) if measured[k][s] and predicted[k][s] is not None
+                     else None) for s in STATS} for k in predicted}
+    return {"replay": str(path), "requests": len(trace), "capacity": capacity.to_json(),
+            "predicted": predicted, "measured": measured, "ratio": ratio,
+            "offered_output_tok_s": replay["summary"].get("offered_output_tok_s"),
+            "saturated_output_tok_s": round(capacity.saturated_output_tok_s(float(trace.input_tokens.mean()),
+                                                                          float(trace.output_tokens.mean())), 1)}
+
+
+def _stats_ms(values_s) -> dict[str, float | None]:
+    import numpy as np
+    v = values_s[~np.isnan(values_s)]
+    return {s: (round(float(np.percentile(v, int(s[1:]))) * 1000, 2) if len(v) else None) for s in STATS}
+
+
+# --- tables -------------------------------------------------------------------------------------
+
+def _ms(x) -> str:
+    return "—" if x is None else f"{x:,.0f}"
+
+
+def _policy_brief(row: dict[str, Any]) -> str:
+    """The simulated setting in a few words: what a user would type into the console."""
+    p = row["policy"]
+    if row["level"] == 1:
+        return f"TPM {p['tpm']:,.0f}" if p.get("tpm") else "no quota"
+    if p["kind"] == "sagemaker_target_tracking":
+        metric = "invocations/instance/min" if "Invocations" in p["metric"] else "concurrency/model"
+        return f"{metric} {p['target']:g}, {p['min_instances']}-{p['max_instances']}"
+    if p["kind"] == "hpa_keda_queue_depth":
+        return f"waiting/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}"
+    return p["kind"]
+
+
+def render_simulation(data: dict[str, Any]) -> None:
+    from rich import box
+    from rich.table import Table
+
+    from cost.render import SHORT_NAMES, _assumptions, console
+
+    t = data["trace"]
+    slo = data["slo"]
+    bounds = ", ".join(f"{k.replace('_ms', '').upper()} <= {v:g} ms" for k, v in slo.items() if k.endswith("_ms") and v)
+    table = Table(title=f"{t['requests']:,} requests over {t['span_s']:,.0f} s · SLO: {bounds or 'served'} for "
+                        f"{slo['attainment']:.0%} of requests", box=box.SIMPLE_HEAD)
+    for col in ("rung", "window $", "month $", "failed", "SLO met", "TTFT p50/p99 ms", "E2E p50/p99 ms",
+                "replicas", "cold", "idle", "autoscaling"):
+        table.add_column(col, justify="left" if col in ("rung", "autoscaling") else "right", no_wrap=True)
+    for r in data["rungs"]:
+        reps = r["replicas"]
+        mark = "[green]✓[/green]" if r["meets_slo"] else "[red]✗[/red]"
+        failed = f"{r['failed']:,}" + (f" ({r['throttled']:,} thr.)" if r["throttled"] else "")
+        table.add_row(f"{r['level']} {SHORT_NAMES[r['level']]}", f"{r['window_usd']:,.2f}", f"{r['monthly_usd']:,.0f}",
+                      failed, f"{mark} {r['slo_attainment']:.1%}",
+                      f"{_ms(r['ttft_ms']['p50'])} / {_ms(r['ttft_ms']['p99'])}",
+                      f"{_ms(r['e2e_ms']['p50'])} / {_ms(r['e2e_ms']['p99'])}",
+                      "—" if reps is None else f"{reps['min']}/{reps['mean']:.1f}/{reps['max']}",
+                      str(r["cold_starts"]), "—" if r["idle_share"] is None else f"{r['idle_share']:.0%}",
+                      _policy_brief(r))
+    # Eleven columns need more than the 120 columns a pipe gets by default.
+    from rich.console import Console
+    (console if console.is_terminal else Console(width=170)).print(table)
+    cheapest = data["cheapest_meeting_slo"]
+    console.print(f"Cheapest meeting the SLO: {'rung ' + str(cheapest) if cheapest else 'none'}"
+                  " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+    for level, k in (data.get("break_even_scale") or {}).items():
+        console.print(f"  rung {level} vs Bedrock: break-even at --scale {k:g}" if k is not None else
+                      f"  rung {level} vs Bedrock: no break-even between 1/64 and 4096 x the trace", highlight=False)
+    console.print(data["extrapolation"], highlight=False)
+    if data.get("plot"):
+        console.print(f"plot: {data['plot']}", highlight=False)
+    _assumptions(data.get("assumptions", []))
+
+
+def render_prediction(data: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    from cost.render import console
+
+    table = Table(title=f"Predicted vs measured: {data['replay']} ({data['requests']:,} requests)")
+    for col in ("metric", "stat", "predicted ms", "measured ms", "ratio"):
+        table.add_column(col, justify="right" if col not in ("metric", "stat") else "left")
+    for metric in ("ttft_ms", "e2e_ms"):
+        for s in STATS:
+            r = data["ratio"][metric][s]
+            table.add_row(metric.replace("_ms", "").upper(), s, _ms(data["predicted"][metric][s]),
+                          _ms(data["measured"][metric][s]), "—" if r is None else f"{r:.2f}")
+    console.print(table)

@@ -1,0 +1,229 @@
+"""The event loop of a self-hosted rung: a trace's arrivals, a router, replicas that start and stop.
+
+Three parts kept apart, as Vidur keeps them: how long a step takes is the capacity model's
+(``capacity.py``), how one server batches is ``replica.py``, and who decides the replica count is
+a scaling policy (``scaling.py``). This loop only moves time: arrivals in trace order, the
+policy's evaluations on its own period, instances that finish starting, instances that drain.
+
+Replicas are advanced lazily: one that gets no request is not touched until the policy looks at
+every replica (its evaluation period) or a least-outstanding router needs its count. Their
+completions are exact whenever they are computed, since each replica's steps depend only on it.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from cost.simulate.replica import BatchingReplica
+
+# A request's outcome, in the fleet's status array.
+SERVED, NO_CAPACITY, TIMED_OUT, UNFINISHED = 0, 1, 2, 3
+STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_out", UNFINISHED: "unfinished"}
+ROUTINGS = ("random", "least_outstanding")
+
+
+@dataclass
+class Instance:
+    """One instance's life: billed from launch to termination, serving once started."""
+    launched_s: float
+    ready_s: float
+    replica: BatchingReplica | None = None
+    ended_s: float | None = None     # termination (set when it is removed and drained)
+    draining: bool = False
+
+
+@dataclass
+class FleetState:
+    """What a scaling policy sees at an evaluation."""
+    now: float
+    in_service: int                  # instances serving
+    starting: int                    # launched, not serving yet
+    arrivals: int                    # requests that arrived since the previous evaluation
+    period_s: float                  # time since the previous evaluation
+    outstanding: int                 # requests queued or running over the serving replicas
+    waiting: int                     # requests queued, not yet running
+    no_capacity: int                 # requests refused since the previous evaluation for want of a replica
+
+
+@dataclass
+class FleetRun:
+    """What happened to every request and instance."""
+    first_token_s: np.ndarray        # absolute time of each request's first token (nan if none)
+    finish_s: np.ndarray             # absolute time of its last token (nan if none)
+    status: np.ndarray               # SERVED, NO_CAPACITY, TIMED_OUT, UNFINISHED
+    instances: list[Instance]
+    timeline: list[tuple[float, int, int]]   # (time, serving, starting) at every change
+    decisions: list[dict[str, Any]] = field(default_factory=list)   # the policy's actions
+
+    def instance_seconds(self, end_s: float, minimum_s: float = 0.0) -> float:
+        """Billed instance-seconds up to ``end_s``: each instance from launch to termination (or
+        ``end_s``), at least ``minimum_s`` each (EC2's 60 s)."""
+        total = 0.0
+        for inst in self.instances:
+            # Instances serving at time 0 were launched before the window: it bills only its own part.
+            life = min(inst.ended_s if inst.ended_s is not None else end_s, end_s) - max(inst.launched_s, 0.0)
+            total += max(life, minimum_s if inst.launched_s >= 0 else 0.0) if life > 0 else 0.0
+        return total
+
+
+def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
+              capacity, policy, *, span_s: float, routing: str = "random", seed: int = 0,
+              timeout_s: float | None = None,
+              on_progress: Callable[[int], None] | None = None) -> FleetRun:
+    """Serve the arrivals on a fleet that ``policy`` sizes; every request's times and status.
+
+    ``policy`` has ``initial`` (instances serving at time 0), ``period_s``, ``start_s`` (launch to
+    serving), ``evaluate(FleetState) -> desired count``, and ``accepts_when_empty`` (False where a
+    request finding no serving replica fails at once, as with inference components at zero copies;
+    True where it waits for the first one to start).
+    """
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
+    n = len(arrival_s)
+    inputs = input_tokens.tolist()
+    outputs = output_tokens.tolist()
+    first = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    status = np.full(n, UNFINISHED, dtype=np.int8)
+    first_list = [math.nan] * n
+    finish_list = [math.nan] * n
+
+    def on_finish(request: int, t_first: float, t_last: float) -> None:
+        first_list[request] = t_first
+        finish_list[request] = t_last
+
+    instances: list[Instance] = []
+    serving: list[BatchingReplica] = []
+    held: list[int] = []            # requests waiting for a first replica (accepts_when_empty)
+    timeline: list[tuple[float, int, int]] = []
+    decisions: list[dict[str, Any]] = []
+    starting: list[Instance] = []   # launched, ordered by ready time
+    rng = np.random.default_rng(seed)
+    picks = rng.random(n).tolist()
+
+    def launch(now: float, count: int) -> None:
+        for _ in range(count):
+            inst = Instance(now, now + policy.start_s)
+            instances.append(inst)
+            starting.append(inst)
+        starting.sort(key=lambda i: i.ready_s)
+
+    def record(now: float) -> None:
+        timeline.append((now, len(serving), len(starting)))
+
+    def bring_up(upto: float) -> None:
+        while starting and starting[0].ready_s <= upto:
+            inst = starting.pop(0)
+            inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s)
+            serving.append(inst.replica)
+            inst.replica.started_s = inst.ready_s
+            record(inst.ready_s)
+            while held:             # requests that waited for a first replica go to it
+                r = held.pop(0)
+                inst.replica.advance_to(inst.ready_s)
+                inst.replica.arrive(r, inst.ready_s)
+
+    def remove(now: float, count: int) -> None:
+        # Newest first, as SageMaker and Kubernetes both prefer; still-starting ones go first.
+        while count and starting:
+            inst = starting.pop()
+            inst.ended_s = now
+            count -= 1
+        for inst in reversed(instances):
+            if not count:
+                break
+            if inst.replica is not None and not inst.draining and inst.ended_s is None:
+                inst.draining = True
+                serving.remove(inst.replica)
+                inst.replica.advance_to(math.inf)     # in-flight and queued requests finish (draining)
+                inst.ended_s = max(now, inst.replica.clock)
+                count -= 1
+        record(now)
+
+    for _ in range(policy.initial):
+        inst = Instance(-policy.start_s, 0.0)
+        instances.append(inst)
+        starting.append(inst)
+    bring_up(0.0)
+    record(0.0)
+
+    period = policy.period_s
+    next_eval = period
+    last_eval = 0.0
+    arrived = refused = 0
+    arrivals = arrival_s.tolist()
+    progress_every = max(1, n // 100)
+
+    def evaluate(now: float) -> None:
+        nonlocal arrived, refused, last_eval
+        bring_up(now)
+        for rep in serving:
+            rep.advance_to(now)
+        state = FleetState(now, len(serving), len(starting), arrived, now - last_eval,
+                           sum(r.outstanding for r in serving) + len(held),
+                           sum(r.waiting for r in serving) + len(held), refused)
+        arrived = refused = 0
+        last_eval = now
+        desired = policy.evaluate(state)
+        current = len(serving) + len(starting)
+        if desired > current:
+            launch(now, desired - current)
+            decisions.append({"t": round(now, 3), "from": current, "to": desired})
+            record(now)
+        elif desired < current:
+            remove(now, current - desired)
+            decisions.append({"t": round(now, 3), "from": current, "to": desired})
+
+    for i, t in enumerate(arrivals):
+        while next_eval <= t:
+            evaluate(next_eval)
+            next_eval += period
+        bring_up(t)
+        arrived += 1
+        if not serving:
+            if policy.accepts_when_empty:
+                held.append(i)
+            else:
+                status[i] = NO_CAPACITY
+                refused += 1
+            continue
+        if routing == "random" or len(serving) == 1:
+            rep = serving[int(picks[i] * len(serving))]
+            rep.advance_to(t)
+        else:
+            for r in serving:
+                r.advance_to(t)
+            rep = min(serving, key=lambda r: r.outstanding)
+        rep.arrive(i, t)
+        if on_progress is not None and i % progress_every == 0:
+            on_progress(i)
+    # After the last arrival: the policy keeps running until the window ends, then everything drains.
+    while next_eval <= span_s:
+        evaluate(next_eval)
+        next_eval += period
+    bring_up(span_s)
+    for rep in serving:
+        rep.advance_to(math.inf)
+    if held and starting:
+        bring_up(math.inf)
+        for rep in serving:
+            rep.advance_to(math.inf)
+    record(span_s)
+
+    # What the client sees besides engine steps (HTTP, tokenising) is added to both times.
+    overhead = getattr(capacity, "request_overhead_s", 0.0)
+    first[:] = first_list
+    finish[:] = finish_list
+    first += overhead
+    finish += overhead
+    done = ~np.isnan(finish)
+    status[done] = SERVED
+    if timeout_s is not None:
+        status[done & (finish - arrival_s > timeout_s)] = TIMED_OUT
+    if on_progress is not None:
+        on_progress(n)
+    return FleetRun(first, finish, status, instances, timeline, decisions)

@@ -1,0 +1,272 @@
+"""The trace simulator on scenarios worked by hand: one server's steps, queueing and batching;
+each rung's autoscaler (SageMaker target tracking, zero copies, EKS queue depth); Bedrock's quota
+and bill; and the CLI's answers and refusals."""
+from __future__ import annotations
+
+import json
+import math
+import random
+
+import numpy as np
+import pytest
+
+from cost.simulate.bedrock import THROTTLED, BedrockSettings, simulate_bedrock
+from cost.simulate.capacity import CapacityModel
+from cost.simulate.fleet import NO_CAPACITY, SERVED, run_fleet
+from cost.simulate.replica import BatchingReplica
+from cost.simulate.scaling import Fixed, QueueDepth, TargetTracking
+from cost.traces import AZURE_CONV_TRACE
+
+
+def capacity(**overrides) -> CapacityModel:
+    values = dict(step_base_s=0.01, step_per_seq_s=0.0, step_per_kv_token_s=0.0, prefill_per_token_s=0.001,
+                  max_num_seqs=64, max_num_batched_tokens=4096, kv_cache_tokens=1_000_000, max_model_len=None,
+                  request_overhead_s=0.0, source="test", fit={})
+    values.update(overrides)
+    return CapacityModel(**values)
+
+
+def serve(cap, arrivals, inputs, outputs, policy=None, span=None, **kw):
+    a = np.asarray(arrivals, dtype=float)
+    run = run_fleet(a, np.asarray(inputs, dtype=np.int64), np.asarray(outputs, dtype=np.int64), cap,
+                    policy or Fixed(1), span_s=span or float(a.max()) + 1, **kw)
+    return run, run.first_token_s - a, run.finish_s - a
+
+
+# --- one server ---------------------------------------------------------------------------------
+
+def test_a_request_alone_takes_a_prefill_step_then_one_step_per_token():
+    cap = capacity(request_overhead_s=0.005)
+    run, ttft, e2e = serve(cap, [1.0], [100], [5])
+    # prefill step: 0.01 + 100 x 0.001 = 0.11 s; then 4 more steps of 0.01 s; plus the overhead
+    assert ttft[0] == pytest.approx(0.115)
+    assert e2e[0] == pytest.approx(0.11 + 4 * 0.01 + 0.005)
+    assert run.status[0] == SERVED
+
+
+def test_requests_arriving_together_share_their_steps():
+    cap = capacity(step_per_seq_s=0.002)
+    _, ttft, e2e = serve(cap, [0.0, 0.0], [50, 150], [3, 3])
+    first = 0.01 + 2 * 0.002 + 200 * 0.001           # one step prefills both
+    assert ttft == pytest.approx([first, first])
+    assert e2e == pytest.approx([first + 2 * 0.014] * 2)
+
+
+def test_a_full_batch_makes_the_next_request_wait_for_a_free_slot():
+    cap = capacity(max_num_seqs=1)
+    _, ttft, e2e = serve(cap, [0.0, 0.0], [100, 100], [10, 10])
+    alone = 0.11 + 9 * 0.01
+    assert e2e[0] == pytest.approx(alone)
+    # the second is admitted at the step boundary where the first ends
+    assert ttft[1] == pytest.approx(alone + 0.11)
+    assert e2e[1] == pytest.approx(2 * alone)
+
+
+def test_a_request_arriving_mid_step_joins_at_the_next_boundary():
+    cap = capacity()
+    # A: prefill 0.11 s then steps of 0.01 (0.11, 0.12, ...). B arrives at 0.125: admitted at 0.13.
+    _, ttft, _ = serve(cap, [0.0, 0.125], [100, 10], [50, 2])
+    assert ttft[1] == pytest.approx(0.13 + 0.01 + 10 * 0.001 - 0.125)
+
+
+def reference_stepper(cap, arrivals, inputs, outputs):
+    """Step-by-step engine with the same rules as BatchingReplica: the differential reference
+    for its closed-form jumps (KV growth makes every step a little longer)."""
+    n = len(arrivals)
+    first, last = [math.nan] * n, [math.nan] * n
+    queue, running = [], {}                 # running: request -> tokens still to come
+    context = {}
+    t, i = 0.0, 0
+    while i < n or queue or running:
+        if not running and not queue:
+            t = max(t, arrivals[i])
+        while i < n and arrivals[i] <= t:
+            queue.append(i)
+            i += 1
+        admitted, prefill = [], 0
+        while queue and len(running) < cap.max_num_seqs:
+            r = queue[0]
+            if admitted and prefill + inputs[r] + len(running) > cap.max_num_batched_tokens:
+                break
+            queue.pop(0)
+            admitted.append(r)
+            prefill += inputs[r]
+            running[r] = max(1, outputs[r])
+            context[r] = inputs[r]
+        if not running:
+            t = arrivals[i]
+            continue
+        kv = sum(context[r] for r in running)
+        t += cap.step_s(len(running), kv, prefill)
+        for r in list(running):
+            context[r] += 1
+            if r in admitted:
+                first[r] = t
+            running[r] -= 1
+            if running[r] == 0:
+                last[r] = t
+                del running[r], context[r]
+    return np.array(first), np.array(last)
+
+
+def test_closed_form_jumps_match_a_step_by_step_engine():
+    cap = capacity(step_per_seq_s=0.0003, step_per_kv_token_s=2e-6, prefill_per_token_s=2e-4, max_num_seqs=6,
+                   max_num_batched_tokens=700)
+    rng = random.Random(7)
+    arrivals = sorted(rng.uniform(0, 20) for _ in range(120))
+    inputs = [rng.randint(1, 400) for _ in arrivals]
+    outputs = [rng.randint(1, 60) for _ in arrivals]
+    ref_first, ref_last = reference_stepper(cap, arrivals, inputs, outputs)
+    run, _, _ = serve(cap, arrivals, inputs, outputs)
+    assert run.first_token_s == pytest.approx(ref_first, rel=1e-9, abs=1e-9)
+    assert run.finish_s == pytest.approx(ref_last, rel=1e-9, abs=1e-9)
+
+
+def test_kv_cache_bounds_admission():
+    # 300 tokens of cache: the first request reserves 100 + 150, so the second (60 + 10) waits.
+    cap = capacity(kv_cache_tokens=300)
+    _, ttft, e2e = serve(cap, [0.0, 0.0], [100, 60], [150, 10])
+    assert ttft[1] == pytest.approx(e2e[0] + 0.01 + 0.06)
+
+
+# --- autoscalers --------------------------------------------------------------------------------
+
+def steady(rate_per_min: float, start: float, end: float) -> list[float]:
+    gap = 60.0 / rate_per_min
+    return list(np.arange(start + gap / 2, end, gap))
+
+
+def test_sagemaker_adds_its_first_instance_after_three_datapoints_and_the_launch():
+    """1x then 4x the target: the scale-out alarm needs 3 one-minute datapoints above the target,
+    then the new instances serve after the instance start time."""
+    target, start_s = 60.0, 240.0
+    arrivals = steady(30, 0, 600) + steady(240, 600, 1800)
+    policy = TargetTracking("invocations", target, min_instances=1, max_instances=8, start_s=start_s)
+    run, _, _ = serve(capacity(), arrivals, [10] * len(arrivals), [2] * len(arrivals), policy, span=1800)
+    decision = run.decisions[0]
+    assert decision["t"] == pytest.approx(600 + 3 * 60)     # datapoints of minutes 10, 11, 12
+    assert decision["to"] == 4                              # ceil(1 x 240 / 60)
+    first_added = next(t for t, serving, _ in run.timeline if serving > 1)
+    assert first_added == pytest.approx(600 + 3 * 60 + start_s)
+
+
+def test_sagemaker_scale_in_waits_for_fifteen_quiet_minutes_and_its_cooldown():
+    target, start_s = 60.0, 120.0
+    arrivals = steady(30, 0, 600) + steady(240, 600, 1200) + steady(30, 1200, 4000)
+    policy = TargetTracking("invocations", target, min_instances=1, max_instances=8, start_s=start_s,
+                            scale_out_cooldown_s=2000)
+    run, _, _ = serve(capacity(), arrivals, [10] * len(arrivals), [2] * len(arrivals), policy, span=4000)
+    out, back = run.decisions[0], run.decisions[1]
+    assert (out["t"], out["to"]) == (780, 4)
+    # 15 quiet datapoints end at 1200 + 15 x 60 = 2100, but the scale-out cooldown holds until
+    # 780 + 2000 = 2780: the first evaluation after it is at 2820.
+    assert back["t"] == pytest.approx(2820)
+    assert back["to"] == 1
+
+
+def test_zero_copies_fail_the_first_requests_while_a_copy_starts():
+    start_s = 180.0
+    arrivals = steady(30, 10, 900)
+    policy = TargetTracking("invocations", 60.0, min_instances=0, max_instances=2, start_s=start_s,
+                            initial_instances=0)
+    run, _, _ = serve(capacity(), arrivals, [10] * len(arrivals), [2] * len(arrivals), policy, span=900)
+    a = np.asarray(arrivals)
+    # The one-minute NoCapacityInvocationFailures alarm fires at 60 s; the copy serves from 60 + start.
+    ready = 60 + start_s
+    assert (run.status[a < ready] == NO_CAPACITY).all()
+    assert (run.status[a >= ready] == SERVED).all()
+    assert run.decisions[0]["t"] == 60 and run.decisions[0]["to"] == 1
+
+
+def test_eks_scales_on_waiting_requests_and_down_after_its_stabilisation_window():
+    cap = capacity(max_num_seqs=2, step_base_s=0.05)
+    arrivals = steady(600, 0, 300) + steady(6, 300, 2000)
+    policy = QueueDepth(2.0, min_replicas=1, max_replicas=6, start_s=60.0)
+    run, _, _ = serve(cap, arrivals, [10] * len(arrivals), [20] * len(arrivals), policy, span=2000)
+    ups = [d for d in run.decisions if d["to"] > d["from"]]
+    downs = [d for d in run.decisions if d["to"] < d["from"]]
+    assert ups and ups[0]["t"] <= 30                  # a queue builds within two sync periods
+    assert downs and downs[0]["t"] >= 300 + 300 - 15  # the highest recommendation of the last 300 s holds
+
+
+# --- Bedrock --------------------------------------------------------------------------------------
+
+def test_bedrock_bills_exactly_what_it_served_and_throttles_over_the_quota():
+    arrivals = np.array([1.0, 2.0, 3.0, 61.0])
+    inputs = np.array([400, 300, 500, 100])
+    outputs = np.array([100, 200, 100, 50])
+    settings = BedrockSettings(tpm=1_000, rpm=None, attempts=1)
+    run = simulate_bedrock(arrivals, inputs, outputs, settings)
+    # minute 0: 500 + 500 = 1,000 fit; the third (600 more) is over; minute 1 starts afresh
+    assert run.status.tolist() == [SERVED, SERVED, THROTTLED, SERVED]
+    assert run.throttled_requests == 1
+
+
+def test_bedrock_retries_with_backoff_until_the_next_minute_frees_the_quota():
+    arrivals = np.array([50.0, 58.0])
+    settings = BedrockSettings(tpm=1_000, rpm=None, attempts=6)
+    run = simulate_bedrock(arrivals, np.array([800, 800]), np.array([100, 100]), settings, seed=3)
+    assert run.status.tolist() == [SERVED, SERVED]
+    assert run.throttle_events >= 1
+    assert run.first_token_s[1] - 58.0 > 2.0          # it waited into minute 1
+
+
+def cli(capsys, *args):
+    from cost.__main__ import main
+    code = main(["simulate", *args])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_simulate_answers_every_rung_and_bills_bedrock_exactly(capsys):
+    code, out, _ = cli(capsys, "--trace", str(AZURE_CONV_TRACE), "--window", "0:600", "--model",
+                       "meta.llama3-1-8b-instruct-v1:0", "--instance", "g5.xlarge", "--capacity", "1500",
+                       "--slo-ttft-ms", "3000", "--slo-e2e-ms", "40000", "--bedrock-tpm", "10000000", "--json")
+    assert code == 0
+    doc = json.loads(out)
+    rows = {r["level"]: r for r in doc["rungs"]}
+    assert sorted(rows) == [1, 2, 3, 4, 5, 6]
+    for r in doc["rungs"]:
+        for key in ("window_usd", "monthly_usd", "served", "throttled", "failed", "billed_input_tokens",
+                    "billed_output_tokens", "slo_attainment", "ttft_ms", "e2e_ms", "replicas", "cold_starts",
+                    "idle_share", "policy"):
+            assert key in r
+        assert r["served"] + r["failed"] == doc["trace"]["requests"]
+    from cost.prices import load_prices
+    from cost.traces import read_trace
+    trace = read_trace(AZURE_CONV_TRACE, window=(0, 600))
+    price = load_prices().bedrock("meta.llama3-1-8b-instruct-v1:0")
+    exact = (int(trace.input_tokens.sum()) * price.input_per_million
+             + int(trace.output_tokens.sum()) * price.output_per_million) / 1e6
+    assert rows[1]["throttled"] == 0 and rows[1]["window_usd"] == pytest.approx(exact, rel=1e-9)
+    assert doc["cheapest_meeting_slo"] in (None, 1, 2, 3, 4, 5, 6)
+    meeting = [r for r in doc["rungs"] if r["slo_attainment"] >= 0.99]
+    if meeting:
+        assert doc["cheapest_meeting_slo"] == min(meeting, key=lambda r: (r["window_usd"], r["level"]))["level"]
+    assert set(doc["break_even_scale"]) == {"2", "3", "4", "5", "6"}
+    assert rows[2]["policy"]["kind"] == "sagemaker_target_tracking"
+    assert rows[6]["policy"]["kind"] == "hpa_keda_queue_depth"
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rungs", "1,7"], "--rungs '1,7'"),
+    (["--autoscale-metric", "invocations"], "--autoscale-target"),
+    (["--slo-attainment", "1.5"], "--slo-attainment 1.5"),
+    (["--capacity", "-3"], "--capacity -3"),
+    (["--mix", "3:1"], "--mix does not apply"),
+])
+def test_simulate_refuses_bad_input_naming_it(capsys, args, message):
+    base = ["--trace", str(AZURE_CONV_TRACE), "--window", "0:60", "--model", "meta.llama3-1-8b-instruct-v1:0",
+            "--instance", "g5.xlarge", "--capacity", "1500"]
+    if "--capacity" in args:
+        base = base[:-2]
+    code, _, err = cli(capsys, *base, *args)
+    assert code == 2
+    assert message in err and "Traceback" not in err
+
+
+def test_predict_replay_needs_a_bench(capsys, tmp_path):
+    replay = tmp_path / "replay.json"
+    replay.write_text("{}")
+    code, _, err = cli(capsys, "--predict-replay", str(replay))
+    assert code == 2 and "--bench" in err
