@@ -7,10 +7,11 @@
   90 % of it; cooldowns after each. With inference components at copy count 0 a request that
   finds no copy fails (NoCapacityInvocationFailures), and a one-minute alarm on those failures
   starts the first copy.
-- EKS (rung 6): the HPA (fed by KEDA) on vLLM's ``num_requests_waiting`` per pod, every sync
-  period, ``ceil(current × metric / target)`` outside a 10 % tolerance; scale-down takes the
-  highest recommendation of its stabilisation window. A new replica is a new GPU node
-  (Karpenter) + image pull + model load.
+- EKS (rung 6): the HPA on vLLM's ``num_requests_waiting`` per pod (served by prometheus-adapter,
+  as rung 6 renders it), every sync period, ``ceil(current × metric / target)`` outside a 10 %
+  tolerance, with the rendered ``behavior``: pods added at most N a period, scale-down to the
+  highest recommendation of its stabilisation window, M pods a period. A new replica is a new
+  GPU node (Karpenter) + image pull + model load.
 
 Each policy has ``initial``, ``period_s``, ``start_s``, ``accepts_when_empty``, ``evaluate`` (see
 ``fleet.run_fleet``) and ``to_json`` (the setting it was simulated with, as a user would set it).
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from options.core import BadInput
+from options.core.autoscaling import HPA_BEHAVIOUR, HpaBehaviour
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAGEMAKER_METRICS = ("invocations", "concurrency")
@@ -161,7 +163,9 @@ class TargetTracking:
 
 @dataclass
 class QueueDepth:
-    """Kubernetes HPA (through KEDA) on the average ``vllm:num_requests_waiting`` per replica."""
+    """Kubernetes HPA on the average ``vllm:num_requests_waiting`` per replica, with the behaviour
+    rung 6 renders (``options.core.autoscaling.HPA_BEHAVIOUR``): scale-up at most N pods a period,
+    scale-down to the highest recommendation of the stabilisation window, at most M pods a period."""
     target_waiting: float
     min_replicas: int = 1
     max_replicas: int = 10
@@ -169,7 +173,7 @@ class QueueDepth:
                            + default("eks", "model_load_s"))
     period_s: float = field(default_factory=lambda: default("eks", "hpa_period_s"))
     tolerance: float = field(default_factory=lambda: default("eks", "hpa_tolerance"))
-    stabilization_s: float = field(default_factory=lambda: default("eks", "scale_down_stabilization_s"))
+    behaviour: HpaBehaviour = HPA_BEHAVIOUR
     accepts_when_empty: bool = True
 
     def __post_init__(self) -> None:
@@ -178,12 +182,17 @@ class QueueDepth:
         if not 1 <= self.min_replicas <= self.max_replicas:
             raise BadInput(f"min replicas {self.min_replicas} and max {self.max_replicas}: need 1 <= min <= max")
         self._history: deque[tuple[float, int]] = deque()
+        self._changes: deque[tuple[float, int]] = deque()     # (time, pods added or removed)
 
     @property
     def initial(self) -> int:
         return self.min_replicas
 
+    def _changed_within(self, now: float, period_s: float, sign: int) -> int:
+        return sum(abs(d) for t, d in self._changes if now - t < period_s and d * sign > 0)
+
     def evaluate(self, state) -> int:
+        b = self.behaviour
         current = state.in_service + state.starting
         if state.in_service == 0:
             return max(current, self.min_replicas)
@@ -192,14 +201,23 @@ class QueueDepth:
         proposal = current if abs(ratio - 1) <= self.tolerance else math.ceil(state.in_service * ratio - 1e-9)
         proposal = min(self.max_replicas, max(self.min_replicas, proposal))
         self._history.append((state.now, proposal))
-        while self._history and self._history[0][0] < state.now - self.stabilization_s:
+        while self._history and self._history[0][0] < state.now - b.scale_down_stabilization_s:
             self._history.popleft()
-        if proposal >= current:
-            return proposal
-        # Scale down only to the highest recommendation of the stabilisation window.
-        return max(p for _, p in self._history)
+        if proposal > current:
+            room = b.scale_up_pods - self._changed_within(state.now, b.scale_up_period_s, +1)
+            desired = current + max(0, min(proposal - current, room))
+        else:
+            stabilized = max(p for _, p in self._history)
+            room = b.scale_down_pods - self._changed_within(state.now, b.scale_down_period_s, -1)
+            desired = current - max(0, min(current - stabilized, room))
+        if desired != current:
+            self._changes.append((state.now, desired - current))
+        return desired
 
     def to_json(self) -> dict[str, Any]:
+        b = self.behaviour
         return {"kind": "hpa_keda_queue_depth", "metric": "vllm:num_requests_waiting", "target": self.target_waiting,
                 "min_replicas": self.min_replicas, "max_replicas": self.max_replicas, "period_s": self.period_s,
-                "scale_down_stabilization_s": self.stabilization_s, "replica_start_s": self.start_s}
+                "scale_up": f"{b.scale_up_pods} pods / {b.scale_up_period_s} s",
+                "scale_down_stabilization_s": b.scale_down_stabilization_s,
+                "scale_down": f"{b.scale_down_pods} pods / {b.scale_down_period_s} s", "replica_start_s": self.start_s}

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from infra.eks.spec import ResolvedSpec
+from options.core.autoscaling import HPA_BEHAVIOUR
 
 WAITING_METRIC = "vllm_num_requests_waiting"
 
@@ -22,6 +23,7 @@ def horizontal_pod_autoscaler(r: ResolvedSpec) -> dict[str, Any]:
     if r.target_cpu:
         metrics.append({"type": "Resource", "resource": {
             "name": "cpu", "target": {"type": "Utilization", "averageUtilization": r.target_cpu}}})
+    b = HPA_BEHAVIOUR
     return {
         "apiVersion": "autoscaling/v2", "kind": "HorizontalPodAutoscaler",
         "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels()},
@@ -30,13 +32,14 @@ def horizontal_pod_autoscaler(r: ResolvedSpec) -> dict[str, Any]:
             "minReplicas": r.min_replicas,
             "maxReplicas": r.max_replicas,
             "metrics": metrics,
+            # The same behaviour the simulator gives rung 6 (options/core/autoscaling.py says why).
             "behavior": {
-                # Queues build fast: add a replica at once; a GPU pod takes minutes to be ready.
                 "scaleUp": {"stabilizationWindowSeconds": 0, "selectPolicy": "Max",
-                            "policies": [{"type": "Pods", "value": 2, "periodSeconds": 60}]},
-                # Losing a loaded replica is expensive: wait out short dips before removing one.
-                "scaleDown": {"stabilizationWindowSeconds": 600, "selectPolicy": "Min",
-                              "policies": [{"type": "Pods", "value": 1, "periodSeconds": 300}]},
+                            "policies": [{"type": "Pods", "value": b.scale_up_pods,
+                                          "periodSeconds": b.scale_up_period_s}]},
+                "scaleDown": {"stabilizationWindowSeconds": b.scale_down_stabilization_s, "selectPolicy": "Min",
+                              "policies": [{"type": "Pods", "value": b.scale_down_pods,
+                                            "periodSeconds": b.scale_down_period_s}]},
             },
         },
     }

@@ -178,15 +178,25 @@ def test_zero_copies_fail_the_first_requests_while_a_copy_starts():
     assert run.decisions[0]["t"] == 60 and run.decisions[0]["to"] == 1
 
 
-def test_eks_scales_on_waiting_requests_and_down_after_its_stabilisation_window():
+def test_eks_scales_as_the_rendered_hpa_behaviour_allows():
+    """A flood, then a trickle: the HPA adds 2 pods a minute (the rendered scaleUp policy), then
+    removes one pod per 300 s once the 600 s stabilisation window has seen no higher need."""
+    from options.core.autoscaling import HPA_BEHAVIOUR as b
+
     cap = capacity(max_num_seqs=2, step_base_s=0.05)
-    arrivals = steady(600, 0, 300) + steady(6, 300, 2000)
+    arrivals = steady(600, 0, 300) + steady(6, 300, 3000)
     policy = QueueDepth(2.0, min_replicas=1, max_replicas=6, start_s=60.0)
-    run, _, _ = serve(cap, arrivals, [10] * len(arrivals), [20] * len(arrivals), policy, span=2000)
+    run, _, _ = serve(cap, arrivals, [10] * len(arrivals), [20] * len(arrivals), policy, span=3000)
     ups = [d for d in run.decisions if d["to"] > d["from"]]
     downs = [d for d in run.decisions if d["to"] < d["from"]]
-    assert ups and ups[0]["t"] <= 30                  # a queue builds within two sync periods
-    assert downs and downs[0]["t"] >= 300 + 300 - 15  # the highest recommendation of the last 300 s holds
+    assert ups[0]["t"] == 15 and ups[0]["to"] - ups[0]["from"] == b.scale_up_pods   # first sync: +2 only
+    assert ups[1]["t"] == 15 + b.scale_up_period_s                                  # next 2 a minute later
+    assert max(d["to"] for d in ups) == 6
+    assert all(d["from"] - d["to"] == b.scale_down_pods for d in downs)
+    gaps = [y["t"] - x["t"] for x, y in zip(downs, downs[1:])]
+    assert all(g >= b.scale_down_period_s for g in gaps)
+    # the queue empties after the flood; the window still holds the flood's need for 600 s
+    assert downs[0]["t"] >= 300 + b.scale_down_stabilization_s - 15
 
 
 # --- Bedrock --------------------------------------------------------------------------------------
