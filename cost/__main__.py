@@ -84,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_simulate_arguments(sm, add_pricing_args)
     sm.set_defaults(handler=cmd_simulate)
 
-    r = sub.add_parser("recommend", parents=[common], help="which rung, why, and what would flip it")
+    r = sub.add_parser("recommend", parents=[common], help="which rung, why, and what would flip it",
+                       description="From the decision tree and a traffic profile (--avg/--peak), or from a "
+                                   "request trace (--trace) simulated through every rung's autoscaling: the "
+                                   "rung, its instance and autoscaling policy, and the deploy command.")
     from cost.recommend import REQUIREMENTS
     tree = r.add_argument_group("the decision tree (each flag is a requirement that pushes the rung up)")
     for dest, level, why in REQUIREMENTS:
@@ -95,7 +98,10 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--min-savings", type=float, default=30.0, metavar="PCT",
                    help="climb past the tree's rung, one rung at a time, only if each step saves at least PCT %% "
                         "a month (default 30: more than SageMaker's usual premium over EC2)")
-    r.set_defaults(handler=cmd_recommend)
+    # With --trace: simulate's own flags (the trace, the SLO, Bedrock's quota, the fleets).
+    from cost.simulate.cli import add_trace_simulation_arguments
+    add_trace_simulation_arguments(r, eks_extended_support=False)
+    r.set_defaults(handler=cmd_recommend, plot=None)
 
     a = sub.add_parser("agent", parents=[common], help="dollars per agent task on every rung, and the volume that flips it",
                        description="One agent task priced on every rung, from its trace (python -m options.agent "
@@ -430,6 +436,19 @@ def cmd_recommend(args):
 
     check_range("min savings", args.min_savings, 0.0, 100.0, unit=" %")
     req = Requirements({dest: getattr(args, dest) for dest, _, _ in REQUIREMENTS})
+    if args.trace:   # simulate every rung on the trace (cost.simulate), then answer from it
+        from cost.recommend import check_trace_flags, recommend_from_simulation, render_trace
+        from cost.simulate.cli import simulate
+        from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
+
+        check_trace_flags(args)
+        sim = simulate(args, table_from, eks_fixed_hourly)
+        data = recommend_from_simulation(req, sim, args.min_savings, table_from(args).instance(args.instance),
+                                         args.model)
+        data["assumptions"] = list(sim.get("assumptions", []))
+        return data, render_trace
+    from cost.recommend import refuse_simulation_flags
+    refuse_simulation_flags(args)
     has_traffic = any(v is not None for v in (args.avg, args.tokens_per_month))
     assumptions: list[str] = []
     if has_traffic:

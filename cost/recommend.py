@@ -8,6 +8,7 @@ the infrastructure -> 6. Cost can then move the answer up, but only when the sav
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,19 +62,7 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
         if floor not in feasible:  # e.g. no SageMaker price for the instance: the lowest priced rung above
             level = min(feasible)
             why.append(f"rungs {floor}-{level - 1} have no price for this instance, so the lowest priced rung is {level}")
-        # Climb one cheaper rung at a time, and only when the step saves enough to pay for the extra work.
-        for higher in sorted(feasible):
-            if higher <= level or feasible[higher] >= feasible[level]:
-                continue
-            saving = (feasible[level] - feasible[higher]) / feasible[level]
-            if saving * 100 >= min_savings_pct:
-                why.append(f"rung {higher} costs ${feasible[higher]:,.2f}/month against ${feasible[level]:,.2f} on "
-                           f"rung {level}: a {saving:.0%} saving, at least the {min_savings_pct:g} % that pays for "
-                           f"running more yourself")
-                level = higher
-            else:
-                why.append(f"rung {higher} would be {saving:.0%} cheaper (${feasible[higher]:,.2f} vs "
-                           f"${feasible[level]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
+        level = climb(feasible, level, min_savings_pct, why)
         if min(feasible.values()) == feasible[level]:
             why.append(f"it is also the cheapest allowed rung: ${feasible[level]:,.2f}/month for "
                        f"{traffic.tokens_per_month:,.0f} tokens/month")
@@ -81,15 +70,38 @@ def recommend(req: Requirements, price: TokenPrice | None = None, traffic: Traff
     elif floor == 1:
         flip.append("give the traffic (--avg or --tokens-per-month) and a capacity (--capacity or --bench) "
                     "to weigh self-hosting against the per-token price")
-    for dest, req_level, _ in REQUIREMENTS:
-        if req.flags.get(dest) and req.without(dest).floor < floor:
-            flip.append(f"without --{dest.replace('_', '-')}, the tree would stop at rung "
-                        f"{req.without(dest).floor} ({RUNGS[req.without(dest).floor - 1].name})")
+    flip += requirement_flips(req)
     out = {"level": level, "rung": RUNGS[level - 1].name, "tree_level": floor, "why": why, "flip": flip,
            "min_savings_pct": min_savings_pct}
     if costs is not None:
         out["costs"] = costs
     return out
+
+
+def climb(feasible: dict[int, float], level: int, min_savings_pct: float, why: list[str]) -> int:
+    """From ``level``, climb one cheaper rung at a time (``feasible``: level -> monthly USD), and
+    only when the step saves enough to pay for the extra work; each step weighed is said in ``why``."""
+    for higher in sorted(feasible):
+        if higher <= level or feasible[higher] >= feasible[level]:
+            continue
+        saving = (feasible[level] - feasible[higher]) / feasible[level]
+        if saving * 100 >= min_savings_pct:
+            why.append(f"rung {higher} costs ${feasible[higher]:,.2f}/month against ${feasible[level]:,.2f} on "
+                       f"rung {level}: a {saving:.0%} saving, at least the {min_savings_pct:g} % that pays for "
+                       f"running more yourself")
+            level = higher
+        else:
+            why.append(f"rung {higher} would be {saving:.0%} cheaper (${feasible[higher]:,.2f} vs "
+                       f"${feasible[level]:,.2f}/month), below the {min_savings_pct:g} % worth the extra work")
+    return level
+
+
+def requirement_flips(req: Requirements) -> list[str]:
+    """For each requirement that sets the tree's floor, where the tree would stop without it."""
+    floor = req.floor
+    return [f"without --{dest.replace('_', '-')}, the tree would stop at rung {req.without(dest).floor} "
+            f"({RUNGS[req.without(dest).floor - 1].name})"
+            for dest, _, _ in REQUIREMENTS if req.flags.get(dest) and req.without(dest).floor < floor]
 
 
 def _cost_flips(level: int, floor: int, traffic: Traffic, price: TokenPrice, fleets: list[Fleet],
@@ -145,3 +157,256 @@ def _capacity_to_match(fleet: Fleet, traffic: Traffic, budget_monthly: float) ->
         return None
     total_per_replica = traffic.peak_tokens_per_second / replicas
     return total_per_replica * traffic.mix.output_share
+
+
+# --- from a trace: the simulated rungs, and the deploy command that applies the answer -----------
+#
+# ``python -m cost recommend --trace`` runs ``python -m cost simulate`` (every rung's autoscaling,
+# batching and bill on the trace) and answers from its rows: the tree's requirements remove the
+# rungs below their floor, the SLO removes those that miss it, and the same climb as above weighs
+# the rest by their simulated monthly bill. The answer carries the autoscaling setting the
+# simulation chose, and the ``python -m options.deploy`` command that sets exactly it. That command
+# is built here as text (cost sits below the deploy CLI and imports none of it); the tests parse
+# it with options.deploy's own parser.
+
+DEPLOY = ("python", "-m", "options.deploy")
+SAGEMAKER_LEVELS = (2, 3, 4, 5)
+EKS_LEVEL = 6
+
+
+def _number(x: float) -> str:
+    """A flag value that parses back to the same float (``:g`` would round 1234567 to 1.23457e+06)."""
+    return str(int(x)) if float(x).is_integer() else repr(float(x))
+
+
+def _sagemaker_metric_names() -> dict[str, str]:
+    """AWS's predefined metric name -> the short name --autoscale-metric takes, from the simulator's
+    own policy (so the two cannot drift apart)."""
+    from cost.simulate.scaling import SAGEMAKER_METRICS, TargetTracking
+    return {TargetTracking(m, 1.0).to_json()["metric"]: m for m in SAGEMAKER_METRICS}
+
+
+def _slo_text(slo: dict[str, Any]) -> str:
+    bounds = [f"{k.replace('_ms', '').upper()} <= {slo[k]:,.0f} ms" for k in ("ttft_ms", "e2e_ms") if slo.get(k)]
+    return " and ".join(bounds) if bounds else "being served at all"
+
+
+def policy_text(level: int, policy: dict[str, Any]) -> str:
+    """The autoscaling setting in a sentence."""
+    if level == 1:
+        return (f"on-demand quota of {policy['tpm']:,.0f} tokens/minute" if policy.get("tpm") else "no quota") \
+            + " (Bedrock scales itself; you pay per token)"
+    if policy.get("kind") == "sagemaker_target_tracking":
+        unit = ("invocations per instance per minute" if "Invocations" in policy["metric"]
+                else "concurrent requests per model copy")
+        return (f"target tracking on {policy['metric']}: {policy['target']:g} {unit}, "
+                f"{policy['min_instances']}-{policy['max_instances']} instances")
+    if policy.get("kind") == "hpa_keda_queue_depth":
+        return (f"HPA on {policy['metric']}: {policy['target']:g} waiting requests per replica, "
+                f"{policy['min_replicas']}-{policy['max_replicas']} replicas")
+    return str(policy.get("kind"))
+
+
+def deploy_command(level: int, policy: dict[str, Any], instance, model_id: str) -> dict[str, Any]:
+    """The ``python -m options.deploy`` command that sets the simulated policy on rung ``level``:
+    ``argv`` (after ``python -m options.deploy``), ``command`` (--target aws), ``plan_command``
+    (--plan: the requests, nothing sent) and what to add or know. ``command`` is None where no
+    deploy flag can express the policy."""
+    notes: list[str] = []
+    if level == 1:
+        argv = ["--model", model_id, "--invoke", "Hello"]
+        notes.append("Bedrock creates nothing: the command sends one request; the simulated limit is the "
+                     "account's on-demand quota, raised through Service Quotas, not a deploy flag")
+    elif level in SAGEMAKER_LEVELS:
+        if policy["min_instances"] < 1:
+            return {"level": level, "argv": None, "command": None, "plan_command": None,
+                    "notes": ["the simulated policy keeps no instance when idle (--scale-to-zero: inference "
+                              "components at copy count 0), but options.deploy's --autoscale-min bounds a "
+                              "variant, which keeps at least 1: simulate without --scale-to-zero for a "
+                              "command that applies it"]}
+        argv = ["--instance-type", instance.sagemaker_name]
+        if policy["min_instances"] > 1:      # start at the floor, as the simulation did
+            argv += ["--instance-count", str(policy["min_instances"])]
+        argv += ["--autoscale-metric", _sagemaker_metric_names()[policy["metric"]],
+                 "--autoscale-min", str(policy["min_instances"]), "--autoscale-max", str(policy["max_instances"]),
+                 "--autoscale-target", _number(policy["target"])]
+        notes.append("add --model: the model whose capacity the simulation used (level 2: its JumpStart id, "
+                     "levels 3-5: a hub id or a local folder)")
+        if level == 2:
+            notes.append(f"JumpStart offers each model on some instance types only: --plan says so if "
+                         f"{instance.sagemaker_name} is not one of them")
+    else:
+        argv = ["--instance-type", instance.name,
+                "--min-replicas", str(policy["min_replicas"]), "--max-replicas", str(policy["max_replicas"]),
+                "--target-waiting", _number(policy["target"]), "--target-cpu", "0"]
+        notes += ["--target-cpu 0: the simulation scaled on waiting requests alone; the HPA's CPU "
+                  "fallback would add replicas it did not price",
+                  "add --model HF_ID, and for --target aws --image URI (level 5 pushes the image to ECR)",
+                  f"the simulation assumed the HPA's {policy.get('period_s', 15):g} s sync and "
+                  f"{policy.get('scale_down_stabilization_s', 300):g} s scale-down stabilisation with no limit "
+                  f"on pods added at once; the rendered HPA's behaviour section (infra/eks) sets its own"]
+    apply = ["--level", str(level), "--target", "aws", *argv]
+    return {"level": level, "argv": apply, "command": shlex.join([*DEPLOY, *apply]),
+            "plan_command": shlex.join([*DEPLOY, "--level", str(level), "--plan", *argv]), "notes": notes}
+
+
+def _flags(given: list[str], verb: str) -> str:
+    return f"{', '.join(given)} {verb + 's' if len(given) == 1 else verb}"
+
+
+def check_trace_flags(args) -> None:
+    """With --trace, the profile flags of recommend's other form are refused, naming the ones given."""
+    profile = [flag for flag, given in (("--avg", args.avg is not None), ("--peak", args.peak is not None),
+                                        ("--tokens-per-month", args.tokens_per_month is not None),
+                                        ("--hours-per-day", args.hours_per_day != 24.0)) if given]
+    if profile:
+        raise BadInput(f"{_flags(profile, 'describe')} a traffic profile, and --trace is the traffic itself: "
+                       f"give one or the other")
+    if args.min_replicas != 1:
+        raise BadInput(f"--min-replicas {args.min_replicas} sizes recommend's fleet without a trace; with --trace "
+                       f"the fleet's floor is --min-instances {args.min_replicas}")
+    if args.mix:
+        raise BadInput(f"--mix {args.mix} does not apply with --trace: the trace's own input and output sizes "
+                       f"are its mix")
+
+
+def refuse_simulation_flags(args) -> None:
+    """Without --trace, simulate's flags (given away from their defaults, the trace's reading flags
+    among them) would be silently ignored: refuse them, naming them."""
+    import argparse
+
+    from cost.simulate.cli import add_trace_simulation_arguments
+
+    probe = argparse.ArgumentParser(add_help=False)
+    add_trace_simulation_arguments(probe, eks_extended_support=False)
+    given = [a.option_strings[0] for a in probe._actions
+             if a.option_strings and a.dest != "trace" and getattr(args, a.dest, a.default) != a.default]
+    if given:
+        raise BadInput(f"{_flags(given, 'describe')} a simulation of a trace: add --trace FILE, or leave "
+                       f"{'it' if len(given) == 1 else 'them'} out for the decision tree and --avg/--peak")
+
+
+def recommend_from_simulation(req: Requirements, sim: dict[str, Any], min_savings_pct: float, instance,
+                              model_id: str) -> dict[str, Any]:
+    """The rung, its autoscaling and the command that deploys it, from ``cost.simulate``'s answer
+    ``sim`` on a trace. ``instance`` is the priced InstanceType, ``model_id`` the Bedrock model."""
+    floor = req.floor
+    slo = sim["slo"]
+    goal = slo["attainment"]
+    within = _slo_text(slo)
+    rows = {r["level"]: r for r in sim["rungs"]}
+    why = req.reasons() or ["no requirement given forces you past Bedrock: every simulated rung is a candidate"]
+    allowed = {lv: r for lv, r in rows.items() if lv >= floor}
+    if not allowed:
+        raise BadInput(f"the requirements need rung {floor} or above, but --rungs simulated only "
+                       f"{','.join(map(str, sorted(rows)))}: add rungs {floor}-6 to --rungs (e.g. --rungs "
+                       f"{','.join(map(str, range(floor, 7)))})")
+    if any(lv < floor for lv in rows):
+        why.append(f"simulated but ruled out by the requirements: rung(s) "
+                   f"{', '.join(str(lv) for lv in sorted(rows) if lv < floor)}")
+    meeting = {lv: r for lv, r in allowed.items() if r["meets_slo"]}
+    if meeting:
+        level = min(meeting)
+        for lv in sorted(allowed):
+            if lv < level:
+                why.append(f"rung {lv} misses the SLO: {allowed[lv]['slo_attainment']:.1%} of requests within "
+                           f"{within}, below the {goal:.0%} asked")
+        level = climb({lv: r["monthly_usd"] for lv, r in meeting.items()}, level, min_savings_pct, why)
+        row = rows[level]
+        why.append(f"it meets the SLO: {row['slo_attainment']:.1%} of requests within {within} (goal {goal:.0%})"
+                   + ("; and it is the cheapest allowed rung that does" if row["monthly_usd"] ==
+                      min(r["monthly_usd"] for r in meeting.values()) else ""))
+    else:
+        row = max(allowed.values(), key=lambda r: (r["slo_attainment"], -r["monthly_usd"], -r["level"]))
+        level = row["level"]
+        why.append(f"NO allowed rung meets the SLO ({within} for {goal:.0%} of requests): rung {level} comes "
+                   f"closest, at {row['slo_attainment']:.1%}; raise --max-instances, loosen the SLO or take a "
+                   f"larger --instance, and simulate again")
+    flip = _simulation_flips(level, allowed, rows, sim, goal)
+    if level == 2 and floor < 3 and 3 in allowed:
+        flip.append("rungs 3-5 bill the same instance-hours: if the model is not a JumpStart one-click deploy, "
+                    "rung 3 (your model on LMI) costs the same")
+    flip += requirement_flips(req)
+    policy = row["policy"]
+    out = {
+        "level": level, "rung": RUNGS[level - 1].name, "tree_level": floor, "why": why, "flip": flip,
+        "min_savings_pct": min_savings_pct,
+        "instance": None if level == 1 else instance.name if level == EKS_LEVEL else instance.sagemaker_name,
+        "policy": policy,
+        "monthly_usd": row["monthly_usd"], "window_usd": row["window_usd"],
+        "slo_attainment": row["slo_attainment"], "meets_slo": row["meets_slo"],
+        "ttft_ms": row["ttft_ms"], "e2e_ms": row["e2e_ms"], "replicas": row["replicas"],
+        "deploy": deploy_command(level, policy, instance, model_id),
+        "simulation": sim,
+    }
+    return out
+
+
+def _simulation_flips(level: int, allowed: dict[int, dict], rows: dict[int, dict], sim: dict[str, Any],
+                      goal: float) -> list[str]:
+    chosen = rows[level]
+    flips = []
+    for lv, r in sorted(allowed.items()):
+        if lv != level and not r["meets_slo"] and r["monthly_usd"] < chosen["monthly_usd"]:
+            flips.append(f"rung {lv} would cost ${r['monthly_usd']:,.2f}/month "
+                         f"({1 - r['monthly_usd'] / chosen['monthly_usd']:.0%} less) but meets the SLO for "
+                         f"{r['slo_attainment']:.1%} of requests: with a looser SLO (or --slo-attainment) it "
+                         f"would be a candidate")
+    bedrock = allowed.get(1)
+    if bedrock is not None and level != 1 and bedrock["throttled"]:
+        tpm = bedrock["policy"].get("tpm")
+        flips.append(f"Bedrock throttled {bedrock['throttled']:,} of {sim['trace']['requests']:,} requests"
+                     + (f" at {tpm:,.0f} tokens/minute" if tpm else "")
+                     + ": with a quota raised through Service Quotas, simulate again with --bedrock-tpm N")
+    scales = sim.get("break_even_scale") or {}
+    if level == 1:
+        for lv in sorted(allowed):
+            k = scales.get(str(lv))
+            if lv != 1 and k is not None:
+                flips.append(f"above --scale {k:g} (this trace's rate x {k:g}) rung {lv} would cost less "
+                             f"than Bedrock, holding its per-instance load")
+    elif scales.get(str(level)) is not None and 1 in allowed:
+        k = scales[str(level)]
+        flips.append(f"below --scale {k:g} (this trace's rate x {k:g}) Bedrock would cost less than rung "
+                     f"{level}, had it met the SLO")
+    return flips
+
+
+def render_trace(data: dict[str, Any]) -> None:
+    """The answer for people: rung, instance, policy, cost and SLO, the deploy command, why and
+    what would flip it, then the simulated rungs' table and its assumptions."""
+    from cost.render import console
+    from cost.simulate.cli import render_simulation
+
+    mark = "[green]meets the SLO[/green]" if data["meets_slo"] else "[red]misses the SLO[/red]"
+    console.print(f"[bold]Recommended: rung {data['level']} — {data['rung']}[/bold]"
+                  + (f" (the decision tree alone says rung {data['tree_level']})"
+                     if data["tree_level"] != data["level"] else ""), highlight=False)
+    if data["instance"]:
+        console.print(f"  instance:    {data['instance']}", highlight=False)
+    console.print(f"  autoscaling: {policy_text(data['level'], data['policy'])}", highlight=False)
+    console.print(f"  cost:        ${data['monthly_usd']:,.2f}/month (${data['window_usd']:,.2f} for the trace)",
+                  highlight=False)
+    ttft, e2e = data["ttft_ms"], data["e2e_ms"]
+    ms = lambda v: "—" if v is None else f"{v:,.0f}"  # noqa: E731
+    console.print(f"  SLO:         {mark}: {data['slo_attainment']:.1%} of requests; TTFT p50/p99 "
+                  f"{ms(ttft['p50'])} / {ms(ttft['p99'])} ms, E2E p50/p99 {ms(e2e['p50'])} / {ms(e2e['p99'])} ms",
+                  highlight=False)
+    deploy = data["deploy"]
+    console.print("[bold]Deploy it[/bold]")
+    if deploy["command"]:
+        # soft_wrap: a command wrapped over lines would not paste back as one
+        console.print("  " + deploy["command"], soft_wrap=True, highlight=False, markup=False)
+        if deploy["plan_command"]:
+            console.print("  its requests first, nothing sent:", highlight=False)
+            console.print("  " + deploy["plan_command"], soft_wrap=True, highlight=False, markup=False)
+    for note in deploy["notes"]:
+        console.print(f"  • {note}", highlight=False)
+    console.print("[bold]Why[/bold]")
+    for line in data["why"]:
+        console.print(f"  • {line}", highlight=False)
+    if data["flip"]:
+        console.print("[bold]What would flip it[/bold]")
+        for line in data["flip"]:
+            console.print(f"  • {line}", highlight=False)
+    render_simulation({**data["simulation"], "assumptions": data.get("assumptions", [])})

@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from options.core import BadInput, exit_code, mask_secrets
-from options.core.rungs import EC2
+from options.core.rungs import BEDROCK, EC2, SAGEMAKER
 from options.local_target import DEFAULT_PROMPT, sample_request
 from options.output import Console, emit, format_answer, print_plan
 from options.plan import Plan
@@ -35,6 +35,10 @@ EXAMPLES = """examples:
       --model mistralai/Mistral-7B-Instruct-v0.3 --option OPTION_TENSOR_PARALLEL_DEGREE=4
   python -m options.deploy --level 3 --target aws --status    is it there, is it InService
   python -m options.deploy --level 3 --target aws --down      remove endpoint, config, model, autoscaling
+  python -m options.deploy --level 3 --target aws --autoscale-metric concurrency \
+      --autoscale-min 1 --autoscale-max 4 --autoscale-target 8   target tracking on the endpoint's variant
+  python -m options.deploy --level 6 --min-replicas 1 --max-replicas 4 --target-waiting 2 --target-cpu 0
+                                                              the HPA on vLLM's waiting requests per pod
   python -m options.deploy --level 1 --gateway                the gateway's config and IAM policy for this rung
 """
 
@@ -117,12 +121,38 @@ def build_parser(level: int | None) -> argparse.ArgumentParser:
     return parser
 
 
+# Who scales each platform's replicas, and with which flags: an autoscaling flag of another
+# platform is refused with the reason and the right flags, not argparse's bare "unrecognized".
+AUTOSCALING_FLAGS = {
+    SAGEMAKER: ("--autoscale-min", "--autoscale-max", "--autoscale-metric", "--autoscale-target"),
+    EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu"),
+}
+HOW_IT_SCALES = {
+    BEDROCK: "AWS runs the model and bills per token: there are no instances to scale; its limits are "
+             "quotas (tokens and requests per minute), raised through Service Quotas",
+    SAGEMAKER: "Application Auto Scaling tracks a target on the endpoint's variant: use --autoscale-min N "
+               "--autoscale-max M --autoscale-target X [--autoscale-metric invocations|concurrency]",
+    EC2: "a HorizontalPodAutoscaler scales the pods: use --min-replicas N --max-replicas M "
+         "--target-waiting X (vLLM requests waiting per pod) [--target-cpu PCT]",
+}
+
+
+def refuse_other_platforms_autoscaling(level: int, argv: list[str]) -> None:
+    r = rung(level)
+    given = sorted({a.split("=")[0] for a in argv} & {flag for platform, flags in AUTOSCALING_FLAGS.items()
+                                                      if platform != r.platform for flag in flags})
+    if given:
+        raise BadInput(f"{' '.join(given)} {'does' if len(given) == 1 else 'do'} not apply to level {level} ({r.name}): "
+                       f"{HOW_IT_SCALES[r.platform]}")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--level", type=int)
     known, _ = pre.parse_known_args(argv)
     if known.level is not None:
         rung(known.level)  # UnknownLevel: exit 2 naming the rungs
+        refuse_other_platforms_autoscaling(known.level, argv)
     elif not {"-h", "--help"} & set(argv):
         raise BadInput("--level N is required: " + "; ".join(f"{r.level} = {r.name}" for r in RUNGS)
                        + ". e.g. python -m options.deploy --level 3 (see --help)")

@@ -20,17 +20,34 @@ STATS = ("p50", "p90", "p99")
 
 
 def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
+    """simulate's flags: the trace and how to simulate it (shared with ``cost recommend --trace``),
+    the prices, one replica's capacity, and what only simulate does (--predict-replay, --plot)."""
+    add_trace_simulation_arguments(s, add_pricing=add_pricing_args)
+    s.add_argument("--predict-replay", metavar="REPLAY.json",
+                   help="re-predict a replay measured by python -m options.bench --replay (needs --bench)")
+    s.add_argument("--plot", metavar="FILE.png",
+                   help="load and replicas over time per rung, and monthly cost against --scale with the break-evens")
+
+
+def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
+                                   eks_extended_support: bool = True) -> None:
+    """The trace (--trace and how to read it), --rungs, the SLO, Bedrock's quota and the fleets'
+    autoscaling flags, --seed and --no-progress: what ``simulate(args, ...)`` reads besides the
+    prices and the capacity. With ``add_pricing`` (simulate's own parser) the pricing flags and a
+    --capacity | --bench pair are added in between; ``cost recommend`` has its own of both, and of
+    --eks-extended-support (``eks_extended_support=False`` leaves it to the caller)."""
     from cost.simulate.fleet import ROUTINGS
     from cost.simulate.scaling import SAGEMAKER_METRICS
     from cost.traces import add_trace_arguments
 
     add_trace_arguments(s, flag="--trace")
-    add_pricing_args(s)
-    cap = s.add_mutually_exclusive_group()
-    cap.add_argument("--capacity", type=float, metavar="TOK_S",
-                     help="output tokens/s one replica sustains at saturation (a capacity model with stated defaults)")
-    cap.add_argument("--bench", metavar="FILE",
-                     help="a capacity bench of the server (python -m options.bench --profile capacity --json FILE)")
+    if add_pricing is not None:
+        add_pricing(s)
+        cap = s.add_mutually_exclusive_group()
+        cap.add_argument("--capacity", type=float, metavar="TOK_S",
+                         help="output tokens/s one replica sustains at saturation (a capacity model with stated defaults)")
+        cap.add_argument("--bench", metavar="FILE",
+                         help="a capacity bench of the server (python -m options.bench --profile capacity --json FILE)")
     s.add_argument("--rungs", default="1,2,3,4,5,6", metavar="LEVELS", help="levels to simulate (default all: 1,2,3,4,5,6)")
     slo = s.add_argument_group("service-level objective")
     slo.add_argument("--slo-ttft-ms", type=float, metavar="MS", help="time to first token each request must meet")
@@ -58,12 +75,10 @@ def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
                     help="SageMaker: launch to serving for a new instance (default: the dated table's)")
     fl.add_argument("--replica-start-s", type=float, metavar="S",
                     help="EKS: node launch + image pull + model load for a new replica (default: the dated table's)")
-    fl.add_argument("--eks-extended-support", action="store_true", help="price the EKS control plane on extended support")
-    s.add_argument("--predict-replay", metavar="REPLAY.json",
-                   help="re-predict a replay measured by python -m options.bench --replay (needs --bench)")
+    if eks_extended_support:
+        fl.add_argument("--eks-extended-support", action="store_true",
+                        help="price the EKS control plane on extended support")
     s.add_argument("--seed", type=int, default=0, help="seed of the router's and the retries' draws (default 0)")
-    s.add_argument("--plot", metavar="FILE.png",
-                   help="load and replicas over time per rung, and monthly cost against --scale with the break-evens")
     s.add_argument("--no-progress", action="store_true")
 
 
@@ -77,8 +92,15 @@ def parse_levels(text: str) -> tuple[int, ...]:
 def capacity_from_args(args):
     from cost.simulate.capacity import CapacityModel, load_capacity
 
-    if args.bench:
-        return load_capacity(args.bench)
+    benches = args.bench if isinstance(args.bench, list) else [args.bench] if args.bench else []
+    if len(benches) > 1:   # cost recommend's --bench is repeatable (one per level, for its tree)
+        raise BadInput(f"--bench given {len(benches)} times ({', '.join(map(str, benches))}): a simulation "
+                       "takes one capacity bench, for every self-hosted rung; give one")
+    if benches and args.capacity is not None:
+        raise BadInput(f"give --capacity {args.capacity:g} or --bench {benches[0]}, not both: each is the "
+                       "capacity of one replica")
+    if benches:
+        return load_capacity(benches[0])
     if args.capacity is not None:
         if not args.capacity > 0:
             raise BadInput(f"--capacity {args.capacity!r} must be > 0 output tokens/s")

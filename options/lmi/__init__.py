@@ -26,13 +26,6 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     from options.lmi.config import add_lmi_version_argument
 
     add_lmi_version_argument(group)
-    group.add_argument("--autoscale-min", type=int, metavar="N",
-                       help="autoscaling: fewest instances (default: --instance-count), e.g. --autoscale-min 1")
-    group.add_argument("--autoscale-max", type=int, metavar="N",
-                       help="autoscaling: most instances; setting it turns autoscaling on, e.g. --autoscale-max 4")
-    group.add_argument("--autoscale-target", type=float, default=100.0, metavar="N",
-                       help="autoscaling: invocations per instance per minute to hold "
-                            "(default 100), e.g. --autoscale-target 60")
     group.add_argument("--param-count", type=_count, metavar="N",
                        help="model parameters, when config.json can't be read, e.g. --param-count 8B")
     group.add_argument("--attention-heads", type=int, metavar="N",
@@ -68,21 +61,6 @@ class LmiSpec:
     fit: Any = None
 
 
-def autoscaling_from_args(args) -> sm.Autoscaling | None:
-    if args.autoscale_max is None:
-        if args.autoscale_min is not None:
-            raise BadInput("--autoscale-min needs --autoscale-max (autoscaling turns on with a maximum), "
-                           "e.g. --autoscale-min 1 --autoscale-max 4")
-        return None
-    low = args.autoscale_min if args.autoscale_min is not None else args.instance_count
-    if low < 1 or args.autoscale_max < low:
-        raise BadInput(f"autoscaling bounds {low}..{args.autoscale_max} are not a range: need "
-                       f"1 ≤ --autoscale-min ≤ --autoscale-max, e.g. --autoscale-min 1 --autoscale-max 4")
-    if args.autoscale_target <= 0:
-        raise BadInput(f"--autoscale-target {args.autoscale_target:g} must be above 0 invocations per minute")
-    return sm.Autoscaling(low, args.autoscale_max, args.autoscale_target)
-
-
 def spec_from_args(args: argparse.Namespace) -> LmiSpec:
     from options.lmi.config import LmiConfig, check_fit, image_uri, model_shape, parse_options, \
         startup_timeout_s
@@ -110,9 +88,9 @@ def spec_from_args(args: argparse.Namespace) -> LmiSpec:
     if source.path:
         upload, data_source = sm.upload_model_folder(basics["name"], basics["region"], source.path)
     timeout = startup_timeout_s(report.weights_gib)
-    scaling = autoscaling_from_args(args)
+    # --autoscale-* (options.sagemaker.plan, shared by levels 2-5) arrive in basics["autoscaling"].
     many = components.endpoint_fields(args, basics["name"], instance,
-                                      accelerators_per_copy=report.tensor_parallel, scaling=scaling)
+                                      accelerators_per_copy=report.tensor_parallel, scaling=basics["autoscaling"])
     if many.get("components") and many["components"].adapters:
         # LMI loads adapter components only with LoRA on. Not sized by the adapter count, so
         # adding an adapter later keeps the model and the base component as they are.
@@ -121,7 +99,7 @@ def spec_from_args(args: argparse.Namespace) -> LmiSpec:
         level=LEVEL, image_uri=image_uri(basics["region"], args.lmi_version),
         environment=config.env(), model_data_source=data_source,
         startup_health_check_timeout_s=timeout, model_data_download_timeout_s=timeout,
-        autoscaling=scaling, **basics, **many)
+        **basics, **many)
     return LmiSpec(basics["name"], basics["region"], source, config, True, endpoint, upload, shape, report)
 
 

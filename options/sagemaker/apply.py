@@ -117,9 +117,11 @@ def _exists(clients: _Clients, step: Step) -> bool:
             found = clients("application-autoscaling").describe_scaling_policies(
                 ServiceNamespace=p["ServiceNamespace"], ResourceId=p["ResourceId"],
                 PolicyNames=[p["PolicyName"]])["ScalingPolicies"]
+            # Kept only when metric, target and cooldowns are all this run's; else Put replaces it.
             want = p["TargetTrackingScalingPolicyConfiguration"]
-            return any(f.get("TargetTrackingScalingPolicyConfiguration", {}).get("TargetValue")
-                       == want["TargetValue"] for f in found)
+            return any(f["PolicyName"] == p["PolicyName"] and all(
+                f.get("TargetTrackingScalingPolicyConfiguration", {}).get(k) == v for k, v in want.items())
+                for f in found)
         else:
             return False
         return True
@@ -370,7 +372,19 @@ def status(endpoint_name: str, target) -> dict[str, Any]:
     if scaling["ScalableTargets"]:
         t = scaling["ScalableTargets"][0]
         out["autoscaling"] = {"min": t["MinCapacity"], "max": t["MaxCapacity"]}
+        policies = target.client("application-autoscaling").describe_scaling_policies(
+            ServiceNamespace="sagemaker", ResourceId=scaling_resource_id(endpoint_name))["ScalingPolicies"]
+        out["autoscaling_policies"] = [_policy_summary(p) for p in policies
+                                       if p["ResourceId"] == scaling_resource_id(endpoint_name)]
     return out
+
+
+def _policy_summary(policy: dict) -> dict[str, Any]:
+    config = policy.get("TargetTrackingScalingPolicyConfiguration", {})
+    return {"name": policy["PolicyName"], "type": policy.get("PolicyType"),
+            "metric": config.get("PredefinedMetricSpecification", {}).get("PredefinedMetricType"),
+            "target": config.get("TargetValue"), "scale_in_cooldown_s": config.get("ScaleInCooldown"),
+            "scale_out_cooldown_s": config.get("ScaleOutCooldown")}
 
 
 def holds_components(config: dict) -> bool:
@@ -439,6 +453,8 @@ def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | N
                                          ResourceIds=[resource_id])["ScalableTargets"]:
         for policy in scaling.describe_scaling_policies(ServiceNamespace="sagemaker",
                                                         ResourceId=resource_id)["ScalingPolicies"]:
+            if policy["ResourceId"] != resource_id:
+                continue
             scaling.delete_scaling_policy(PolicyName=policy["PolicyName"], ServiceNamespace="sagemaker",
                                           ResourceId=resource_id, ScalableDimension=SCALABLE_DIMENSION)
         scaling.deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource_id,

@@ -254,7 +254,9 @@ def multi_model_notes(prefix: str, targets: dict[str, str], invoke: str | None) 
 # ----------------------------------------------------------------------------------- from the flags
 
 def refuse_locally(args) -> None:
-    """--adapter and --multi-model describe a SageMaker endpoint: not for the local target."""
+    """--adapter, --multi-model and --autoscale-* describe a SageMaker endpoint: not for the local target."""
+    from options.sagemaker.plan import autoscaling_from_args
+    autoscaling_from_args(args)       # any --autoscale-* flag here says why nothing is autoscaled
     if getattr(args, "adapter", None) or getattr(args, "multi_model", None):
         flag = "--adapter" if args.adapter else "--multi-model"
         raise BadInput(f"{flag} shapes a SageMaker endpoint (inference components or a multi-model "
@@ -280,7 +282,20 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
         return {"multi_model_prefix": prefix, "multi_model_targets": targets, "multi_model_invoke": invoke}
     if not flags:
         return {}
-    # Autoscaling bounds, where the rung has them, become managed instance scaling's bounds.
+    if scaling is None:
+        from options.sagemaker.plan import autoscaling_from_args
+        scaling = autoscaling_from_args(args)
+    # Autoscaling bounds become managed instance scaling's bounds. A target-tracking policy on
+    # the variant does not apply to an endpoint of components (SageMaker scales their copies):
+    # refuse a metric or target rather than drop it unsaid.
+    chosen = [f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+              for flag, value in (("--autoscale-metric", args.autoscale_metric),
+                                  ("--autoscale-target", args.autoscale_target)) if value is not None]
+    if chosen:
+        raise BadInput(f"{' '.join(chosen)} with --adapter: an endpoint of inference components "
+                       f"scales its instances by managed instance scaling (bounded by --autoscale-min/"
+                       f"--autoscale-max), not by a target-tracking policy on the variant; drop "
+                       f"{' and '.join(c.split()[0] for c in chosen)}, or deploy without --adapter")
     low = scaling.min_capacity if scaling else args.instance_count
     return {"components": size_components(instance, accelerators_per_copy, low,
                                           scaling.max_capacity if scaling else None, flags)}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import re
 from dataclasses import dataclass
@@ -27,13 +28,33 @@ MAX_NAME = 63
 
 # ----------------------------------------------------------------------------------- specs
 
+# Application Auto Scaling's predefined metrics for a variant, by the name --autoscale-metric
+# takes: invocations per instance per minute (one datapoint a minute), or requests in flight per
+# model copy (high resolution: every 10 s, so it reacts to a burst sooner).
+AUTOSCALE_METRICS = {
+    "invocations": "SageMakerVariantInvocationsPerInstance",
+    "concurrency": "SageMakerVariantConcurrentRequestsPerModelHighResolution",
+}
+AUTOSCALE_UNITS = {"invocations": "invocations per instance per minute",
+                   "concurrency": "concurrent requests per model copy"}
+DEFAULT_INVOCATIONS_TARGET = 100.0
+# Both cooldowns at Application Auto Scaling's own default for SageMaker variants, as
+# ``python -m cost simulate`` assumes: what it recommends is what runs.
+AUTOSCALE_COOLDOWN_S = 300
+
+
 @dataclass
 class Autoscaling:
     min_capacity: int
     max_capacity: int
-    target_invocations_per_instance: float
-    scale_in_cooldown_s: int = 300
-    scale_out_cooldown_s: int = 60
+    target_value: float
+    metric: str = "invocations"        # a key of AUTOSCALE_METRICS
+    scale_in_cooldown_s: int = AUTOSCALE_COOLDOWN_S
+    scale_out_cooldown_s: int = AUTOSCALE_COOLDOWN_S
+
+    @property
+    def predefined_metric(self) -> str:
+        return AUTOSCALE_METRICS[self.metric]
 
 
 @dataclass
@@ -165,6 +186,60 @@ def add_endpoint_arguments(group) -> None:
     from options.sagemaker.components import ADAPTER_FLAG_HELP
     group.add_argument("--adapter", action="append", default=[], metavar="NAME=S3URL",
                        help=ADAPTER_FLAG_HELP + " (levels 3–5)")
+    add_autoscaling_arguments(group)
+
+
+def add_autoscaling_arguments(group) -> None:
+    """Target tracking on the endpoint's variant (Application Auto Scaling), levels 2-5."""
+    group.add_argument("--autoscale-min", type=int, metavar="N",
+                       help="autoscaling: fewest instances (default: --instance-count), e.g. --autoscale-min 1")
+    group.add_argument("--autoscale-max", type=int, metavar="N",
+                       help="autoscaling: most instances; setting it turns autoscaling on, e.g. --autoscale-max 4")
+    group.add_argument("--autoscale-metric", choices=tuple(AUTOSCALE_METRICS),
+                       help="autoscaling: what target tracking holds: invocations (per instance per minute, "
+                            "the default) or concurrency (requests in flight per model copy, every 10 s), "
+                            "e.g. --autoscale-metric concurrency")
+    group.add_argument("--autoscale-target", type=float, metavar="X",
+                       help=f"autoscaling: the metric's target value (invocations: default "
+                            f"{DEFAULT_INVOCATIONS_TARGET:g}; concurrency: no default), e.g. --autoscale-target 60")
+
+
+def autoscaling_from_args(args) -> Autoscaling | None:
+    """The --autoscale-* flags as an Autoscaling (None when none is given); BadInput naming the
+    value when they do not describe one, or when nothing would be autoscaled (--target local)."""
+    given = [flag for flag, value in (("--autoscale-min", args.autoscale_min), ("--autoscale-max", args.autoscale_max),
+                                      ("--autoscale-metric", args.autoscale_metric),
+                                      ("--autoscale-target", args.autoscale_target)) if value is not None]
+    if not given:
+        return None
+    if not is_cloud_run(args):
+        raise BadInput(f"{' '.join(given)}: nothing is autoscaled on --target local (one server on this "
+                       f"machine); autoscaling is registered with Application Auto Scaling for a SageMaker "
+                       f"endpoint: add --target aws (or --target emulator, or --plan to see its requests)")
+    if args.autoscale_max is None:
+        rest = [f for f in given if f != "--autoscale-max"]
+        raise BadInput(f"{' and '.join(rest)} need{'s' if len(rest) == 1 else ''} --autoscale-max (autoscaling "
+                       f"turns on with a maximum), e.g. --autoscale-min 1 --autoscale-max 4")
+    low = args.autoscale_min if args.autoscale_min is not None else args.instance_count
+    where = f"--autoscale-min {low}" if args.autoscale_min is not None else \
+        f"--instance-count {low} (the default --autoscale-min)"
+    if low < 1:
+        raise BadInput(f"{where} must be at least 1: a SageMaker variant keeps one instance or more "
+                       f"(e.g. --autoscale-min 1 --autoscale-max 4)")
+    if args.autoscale_max < low:
+        raise BadInput(f"--autoscale-max {args.autoscale_max} is below {where}: need "
+                       f"1 <= --autoscale-min <= --autoscale-max, e.g. --autoscale-min 1 --autoscale-max 4")
+    metric = args.autoscale_metric or "invocations"
+    target = args.autoscale_target
+    if target is None:
+        if metric != "invocations":
+            raise BadInput(f"--autoscale-metric {metric} needs --autoscale-target X: the "
+                           f"{AUTOSCALE_UNITS[metric]} to hold, e.g. --autoscale-target 4")
+        target = DEFAULT_INVOCATIONS_TARGET
+    if not (target > 0 and math.isfinite(target)):
+        raise BadInput(f"--autoscale-target {target:g} must be above 0 {AUTOSCALE_UNITS[metric]}, "
+                       f"e.g. --autoscale-target {DEFAULT_INVOCATIONS_TARGET if metric == 'invocations' else 4:g}")
+    return Autoscaling(low, args.autoscale_max, float(target), metric)
 
 
 def is_cloud_run(args) -> bool:
@@ -191,7 +266,8 @@ def endpoint_basics(args, level: int, model_label: str, default_instance: str, *
     return {"name": validate_name(args.name or default_name(level, model_label)),
             "region": region_of(args), "instance_type": instance_type,
             "instance_count": args.instance_count,
-            "role_arn": getattr(args, "role_arn", None) or DEFAULT_ROLE_ARN}
+            "role_arn": getattr(args, "role_arn", None) or DEFAULT_ROLE_ARN,
+            "autoscaling": autoscaling_from_args(args)}
 
 # ----------------------------------------------------------------------------------- plan
 
@@ -305,10 +381,14 @@ def endpoint_plan(level: int, pre_steps: list[Step], spec: EndpointSpec, notes: 
 
 
 def autoscaling_steps(endpoint_name: str, scaling: Autoscaling) -> list[Step]:
-    """Target tracking on invocations per instance, through application-autoscaling."""
+    """Register the variant as a scalable target, then one target-tracking policy on it.
+
+    One policy name per endpoint, whatever the metric: re-applying with another metric or
+    target updates that policy (PutScalingPolicy creates or replaces) instead of adding a
+    second one that would scale the same variant on its own."""
     target = {"ServiceNamespace": "sagemaker", "ResourceId": scaling_resource_id(endpoint_name),
               "ScalableDimension": SCALABLE_DIMENSION}
-    policy_name = f"{endpoint_name}-invocations-per-instance"
+    policy_name = scaling_policy_name(endpoint_name)
     return [
         Step("application-autoscaling", "RegisterScalableTarget",
              {**target, "MinCapacity": scaling.min_capacity, "MaxCapacity": scaling.max_capacity},
@@ -317,16 +397,19 @@ def autoscaling_steps(endpoint_name: str, scaling: Autoscaling) -> list[Step]:
         Step("application-autoscaling", "PutScalingPolicy",
              {**target, "PolicyName": policy_name, "PolicyType": "TargetTrackingScaling",
               "TargetTrackingScalingPolicyConfiguration": {
-                  "TargetValue": float(scaling.target_invocations_per_instance),
-                  "PredefinedMetricSpecification": {
-                      "PredefinedMetricType": "SageMakerVariantInvocationsPerInstance"},
+                  "TargetValue": float(scaling.target_value),
+                  "PredefinedMetricSpecification": {"PredefinedMetricType": scaling.predefined_metric},
                   "ScaleInCooldown": scaling.scale_in_cooldown_s,
                   "ScaleOutCooldown": scaling.scale_out_cooldown_s}},
              undo=Step("application-autoscaling", "DeleteScalingPolicy",
                        {**target, "PolicyName": policy_name}),
-             description=f"target {scaling.target_invocations_per_instance:g} invocations "
-                         f"per instance per minute"),
+             description=f"target tracking: {scaling.target_value:g} {AUTOSCALE_UNITS[scaling.metric]} "
+                         f"({scaling.predefined_metric})"),
     ]
+
+
+def scaling_policy_name(endpoint_name: str) -> str:
+    return f"{endpoint_name}-target-tracking"
 
 
 def upload_steps(bucket: str, region: str, files: list[tuple[Path, str]]) -> list[Step]:
