@@ -302,12 +302,12 @@ def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
         ttft, _ = wave_terms(1, point["prompt_tokens"], 1, budget, seqs_cap)
         return ttft[0]
     if kind == "decode":                # a burst of c: the median request's time per output token
-        _, per_token = wave_terms(point["requests"], point["prompt_tokens"], point["output_tokens"],
+        _, per_token = wave_terms(int(point["requests"]), point["prompt_tokens"], int(point["output_tokens"]),
                                   budget, seqs_cap)
         return _median_terms(per_token)
     if kind == "mixed":                 # a prompt arriving during others' decode steps
         ttft, _ = wave_terms(1, point["prompt_tokens"], 1, budget, seqs_cap,
-                             background_seqs=point["background_seqs"],
+                             background_seqs=int(point["background_seqs"]),
                              background_kv=point["background_kv_tokens"])
         # It arrives at a random moment of a running step: on average half a step before its own.
         waiting = [0.5, 0.5 * point["background_seqs"], 0.5 * point["background_kv_tokens"], 0.0, 0.0]
@@ -353,6 +353,9 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
                 raise BadInput(f"{where}.points[{n}] ({kind}) has no number {key!r} (got {value!r})")
         if not point[MEASURED[kind]] > 0:
             raise BadInput(f"{where}.points[{n}] ({kind}): {MEASURED[kind]} must be > 0")
+        if kind == "decode" and not (point["requests"] >= 1 and point["output_tokens"] >= 2):
+            raise BadInput(f"{where}.points[{n}] (decode) needs requests >= 1 and output_tokens >= 2 "
+                           f"(a time per output token after the first)")
     kinds = {p["kind"] for p in points}
     if not {"prefill", "decode"} <= kinds:
         raise BadInput(f"{where} needs prefill and decode points to fit a step model (has: "

@@ -6,6 +6,8 @@
     python -m options.bench --level 1 --target aws --model us.amazon.nova-micro-v1:0 --requests 20
     python -m options.bench --adapters a1,a2,a3,a4,a5,a6,a7,a8 --adapter-mix zipf:1.1 --concurrency 8,32
     python -m options.bench --profile agent --priority compare --programs 32 --concurrency 8
+    python -m options.bench --profile capacity --json capacity.json     # engine steps → the simulator
+    python -m options.bench --level 5 --replay trace.csv --load 0.7 --capacity bench.json --json replay.json
 
 Exit codes: 0 ok, 2 bad input, 1 failure (the target did not answer, or every request failed).
 """
@@ -72,6 +74,10 @@ def build_parser() -> argparse.ArgumentParser:
     from options.bench.program import add_arguments as add_program_arguments
     add_program_arguments(p)
     add_adapter_arguments(p)
+    from options.bench.replay import add_arguments as add_replay_arguments
+    add_replay_arguments(p)
+    from options.bench.capacity import add_arguments as add_capacity_arguments
+    add_capacity_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
     out.add_argument("--no-progress", action="store_true")
@@ -196,6 +202,7 @@ def _local_server(args: argparse.Namespace, say) -> Iterator[str]:
 
     with _server_env(args) as (env, what), \
             serve_here({**env, **extra_env}, what, say, log_name="bench-server") as url:
+        args.server_env = {**env, **extra_env}      # --profile capacity reads the engine limits set
         yield url
 
 
@@ -265,7 +272,13 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.json == "-")     # stdout belongs to the JSON then
     say = console.print
     try:
-        profile = None if args.profile == "agent" else profile_from_args(args)
+        from options.bench.replay import ReplayPlan     # open-loop trace replay (--replay)
+        replay_plan = ReplayPlan.from_args(args)        # None without --replay; bad input before any server
+        profile = None if args.profile in ("agent", "capacity") or replay_plan is not None \
+            else profile_from_args(args)
+        if args.profile == "capacity":
+            from options.bench.capacity import check_args
+            check_args(args, replay_plan)               # bad input before any server starts
         plan_adapters = None
         if args.adapters:
             from options.bench.adapters import AdapterPlan
@@ -277,6 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         template = Request(prompt="-", model=request_model(args), ignore_eos=args.ignore_eos,
                            temperature=args.temperature, stream=True)
         with open_target(args, say) as (send, details):
+            if replay_plan is not None:      # a trace, open loop: options/bench/replay.py
+                from options.bench.replay import bench_replay
+                return bench_replay(args, replay_plan, template, send, details, console)
+            if args.profile == "capacity":   # engine step times → the simulator's model: capacity.py
+                from options.bench.capacity import bench_capacity
+                return bench_capacity(args, template, send, details, console)
             if args.profile == "agent":      # programs of serial steps: options/bench/program.py
                 from options.bench.program import bench_programs
                 return bench_programs(args, template, send, details, console)

@@ -1,0 +1,596 @@
+"""``python -m options.bench --profile capacity``: measure one server's engine steps and fit the
+capacity model the trace simulator runs (``cost.simulate.capacity``).
+
+Every request streams with ``ignore_eos``, so each asks for and gets exactly its output length.
+Each of ``--rounds`` rounds (3) sends the points below in a seeded random order, so that a slow
+spell of a noisy machine lands on several points a little instead of on one a lot:
+
+- prefill: serial requests (one at a time) of six prompt lengths from 16 tokens up to the
+  server's ``max_model_len`` (capped at ``LONGEST_PROMPT``), ``SERIAL_REPEATS`` each, 8 output
+  tokens: on an idle engine the TTFT is the request overhead plus the prefill step;
+- decode: bursts of c requests sent at once, c in 1, 2, 4 … 64 (up to ``max_num_seqs``), 128
+  prompt and 64 output tokens, at least ``MIN_BURSTS`` bursts and ``BURST_REQUESTS`` requests a
+  round: after sharing the prefill budget the c sequences decode together, one token each per
+  step. The point is the median request's time per output token (``(E2E − TTFT)/(tokens − 1)``,
+  which counts tokens, unlike the gaps between text chunks: a chunk can carry several tokens);
+- long context: the same with prompts of ~0.6 × ``max_model_len`` at c in 1, 4, 16, so the KV
+  cache's share of a step is told apart from the sequences';
+- then mixed: prompts of about half ``max_model_len`` sent one at a time while 8 others decode a
+  long answer: the cost of a prefill inside a decode batch.
+
+The server's limits come from ``--max-num-seqs``, ``--max-num-batched-tokens`` and
+``--kv-cache-tokens`` where given, else from what the server says (``GET /v1/models``:
+``max_model_len``; ``/metrics``: vLLM's ``vllm:cache_config_info``, the KV cache in tokens), else
+from the engine settings of a server the bench started, else vLLM's defaults; each is recorded
+with its source. ``cost.simulate.capacity.fit_capacity`` fits the model to the points; the fit
+must reproduce the decode points within 10 % and the prefill points within 15 %, which is printed
+(and kept in the JSON as ``capacity_model.fit.check``).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import statistics
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable
+
+from options.bench import runner
+from options.bench.metrics import RequestRecord, prometheus_samples, summarize
+from options.bench.profile import Profile, PromptTokens, make_prompt, parse_lengths
+from options.core import BadInput
+
+PROFILE_NAME = "capacity"
+DECODE_PROMPT_TOKENS = 128
+DECODE_OUTPUT_TOKENS = 64
+CONCURRENCIES = (1, 2, 4, 8, 16, 32, 64)
+LONG_CONCURRENCIES = (1, 4, 16)
+SERIAL_OUTPUT_TOKENS = 8
+SERIAL_REPEATS = 5                  # per prompt length and round
+SHORTEST_PROMPT = 16
+# Beyond a few thousand tokens attention's quadratic cost shows in a prefill, which a step model
+# linear in tokens cannot follow; traces' prompts are mostly shorter.
+LONGEST_PROMPT = 8192
+LONG_PROMPT_CAP = 4096
+BURST_REQUESTS = 12                 # requests per decode point and round (bursts of c) …
+LONG_BURST_REQUESTS = 4
+MIN_BURSTS = 3                      # … and at least this many bursts: one slow burst is not the point
+MIXED_BACKGROUND = 8                # sequences decoding while the mixed point's prompts arrive
+MIXED_BACKGROUND_OUTPUT = 512
+MIXED_PROBES = 6                    # per round, at most
+# Prompts are sized through the calibration (words → tokens), which is close but not exact: stay
+# this far under max_model_len so no prompt is refused.
+PROMPT_SAFETY = 0.9
+# Fewer text chunks per output token than this and a stream came in clumps: the server's front end
+# or this client was kept off the CPU, so the gaps say nothing of the engine's steps. (A healthy
+# stream of the tiny model's byte-level tokens gives ~0.75: a token that is part of a character
+# comes with the next one.)
+CLUMPED_BELOW = 0.4
+# Planning when the server does not say its max_model_len (a SageMaker endpoint, a plain URL).
+ASSUMED_MAX_MODEL_LEN = 2048
+# vLLM 0.32's limits when none are set (engine/arg_utils.py, OpenAI API server): on CPU, the
+# engine the bench starts on this machine; on a GPU under 70 GiB, the likeliest remote server.
+VLLM_CPU_DEFAULTS = {"max_num_seqs": 128, "max_num_batched_tokens": 2048}
+VLLM_GPU_DEFAULTS = {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+# Environment variables that set the engine's limits on the bring-your-own server, first wins
+# (vLLM's own spelling, then LMI's, then LMI's shortcut).
+LIMIT_VARIABLES = {
+    "max_num_seqs": ("SM_VLLM_MAX_NUM_SEQS", "OPTION_MAX_ROLLING_BATCH_SIZE", "MAX_BATCH_SIZE"),
+    "max_num_batched_tokens": ("SM_VLLM_MAX_NUM_BATCHED_TOKENS", "OPTION_MAX_ROLLING_BATCH_PREFILL_TOKENS"),
+    "max_model_len": ("SM_VLLM_MAX_MODEL_LEN", "OPTION_MAX_MODEL_LEN"),
+}
+
+
+def add_arguments(parser) -> None:
+    """The capacity profile's flags, and ``capacity`` among ``--profile``'s choices (the flag
+    itself is program.py's)."""
+    action = parser._option_string_actions.get("--profile")
+    if action is not None and PROFILE_NAME not in action.choices:
+        action.choices = (*action.choices, PROFILE_NAME)
+        action.help += ("; capacity: engine step times (prefill, decode by batch and KV) fitted "
+                        "to the simulator's capacity model (see --max-num-seqs)")
+    g = parser.add_argument_group("server limits (--profile capacity), where the server does not say them")
+    g.add_argument("--max-num-seqs", type=int, metavar="N",
+                   help="the server's vLLM max_num_seqs (default: what the server the bench starts "
+                        "was configured with, else vLLM's default)")
+    g.add_argument("--max-num-batched-tokens", type=int, metavar="N",
+                   help="the server's vLLM max_num_batched_tokens (default: as --max-num-seqs)")
+    g.add_argument("--kv-cache-tokens", type=int, metavar="N",
+                   help="the server's KV cache in tokens (default: from its /metrics)")
+
+
+def check_args(args, replay_plan=None) -> None:
+    """Bad input for --profile capacity, found before any server starts."""
+    from options.core import BEDROCK, rung
+
+    if args.level is not None and not args.url and rung(args.level).can.dialect == BEDROCK:
+        raise BadInput("--profile capacity measures a server's engine steps with exact output lengths "
+                       "(ignore_eos), which Bedrock has no switch for: measure a self-hosted rung")
+    if args.adapters:
+        raise BadInput("--profile capacity measures the base model: leave out --adapters")
+    if replay_plan is not None:
+        raise BadInput("--profile capacity sends its own requests: leave out --replay (or run the "
+                       "replay separately, with --capacity FILE of this profile)")
+    if args.rounds < 1:
+        raise BadInput(f"--rounds {args.rounds} must be at least 1")
+    for flag in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise BadInput(f"--{flag.replace('_', '-')} {value} must be at least 1")
+
+
+# --- the server's limits ---------------------------------------------------------------------
+
+@dataclass
+class ServerLimits:
+    values: dict[str, int | None] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+
+    def set(self, name: str, value: int | None, source: str) -> None:
+        self.values[name], self.sources[name] = value, source
+
+    def __getitem__(self, name: str):
+        return self.values[name]
+
+
+def discover_limits(args, details: dict[str, Any]) -> ServerLimits:
+    """The server's max_num_seqs, max_num_batched_tokens, KV cache tokens and max_model_len, each
+    with where it came from."""
+    url = details.get("url")
+    models = _models_entry(url)
+    cache = _cache_config(url)
+    started_here = str(details.get("server", "")).startswith("started by the bench")
+    configured = _configured_limits(args) if started_here else {}
+    defaults, said = ((VLLM_CPU_DEFAULTS, "vLLM 0.32's default for its API server on CPU")
+                      if started_here else
+                      (VLLM_GPU_DEFAULTS, "assumed: vLLM 0.32's default for its API server on a "
+                                          "GPU under 70 GiB (the server does not say; give --{flag})"))
+    limits = ServerLimits()
+    for name in ("max_num_seqs", "max_num_batched_tokens"):
+        flag = getattr(args, name)
+        if flag is not None:                         # >= 1: check_args saw to it
+            limits.set(name, flag, f"--{name.replace('_', '-')}")
+        elif _whole(models.get(name)):
+            limits.set(name, models[name], "GET /v1/models")
+        elif name in configured:
+            limits.set(name, *configured[name])
+        else:
+            limits.set(name, defaults[name], said.format(flag=name.replace("_", "-")))
+    if _whole(models.get("max_model_len")):
+        limits.set("max_model_len", models["max_model_len"], "GET /v1/models")
+    elif "max_model_len" in configured:
+        limits.set("max_model_len", *configured["max_model_len"])
+    else:
+        limits.set("max_model_len", None, "unknown (the server does not say)")
+    if args.kv_cache_tokens is not None:
+        limits.set("kv_cache_tokens", args.kv_cache_tokens, "--kv-cache-tokens")
+    elif cache is not None:
+        limits.set("kv_cache_tokens", *cache)
+    else:
+        longest = limits["max_model_len"] or ASSUMED_MAX_MODEL_LEN
+        limits.set("kv_cache_tokens", limits["max_num_seqs"] * longest,
+                   "assumed: room for every sequence at full length (the server's /metrics has no "
+                   "vllm:cache_config_info; give --kv-cache-tokens)")
+    return limits
+
+
+def _whole(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 1
+
+
+def _models_entry(url: str | None) -> dict[str, Any]:
+    """The first model of GET /v1/models (vLLM's and the bring-your-own server's carry
+    max_model_len), or {}."""
+    if not url:
+        return {}
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/v1/models", timeout=5) as r:
+            data = json.load(r).get("data") or [{}]
+            return data[0] if isinstance(data[0], dict) else {}
+    except Exception:  # a server without the route just says less
+        return {}
+
+
+def _cache_config(url: str | None) -> tuple[int, str] | None:
+    page = runner.metrics_page(url)
+    return kv_cache_from_metrics(page) if page else None
+
+
+def kv_cache_from_metrics(page: str) -> tuple[int, str] | None:
+    """The KV cache in tokens from a Prometheus page's ``vllm:cache_config_info`` labels:
+    ``kv_cache_size_tokens`` where vLLM gives it, else ``num_gpu_blocks`` × ``block_size``; and
+    which. None where the page has neither."""
+    for name, labels, _ in prometheus_samples(page):
+        if name != "vllm:cache_config_info":
+            continue
+        size = labels.get("kv_cache_size_tokens", "")
+        if size.isdigit() and int(size) > 0:
+            return int(size), "/metrics vllm:cache_config_info kv_cache_size_tokens"
+        blocks, block = labels.get("num_gpu_blocks", ""), labels.get("block_size", "")
+        if blocks.isdigit() and block.isdigit() and int(blocks) * int(block) > 0:
+            return int(blocks) * int(block), "/metrics vllm:cache_config_info num_gpu_blocks × block_size"
+    return None
+
+
+def _configured_limits(args) -> dict[str, tuple[int, str]]:
+    """The limits a server the bench started was configured with: its environment (the bench's
+    own, under what the rung's configuration set), read as the server reads it."""
+    env = {**os.environ, **(getattr(args, "server_env", None) or {})}
+    out = {}
+    for name, variables in LIMIT_VARIABLES.items():
+        for var in variables:
+            value = env.get(var, "").strip()
+            if value.isdigit() and int(value) >= 1:
+                out[name] = (int(value), f"{var}={value} (the server the bench started)")
+                break
+    return out
+
+
+# --- the plan --------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    serial_prompts: tuple[int, ...]
+    decode: tuple[tuple[int, int], ...]          # (concurrency, prompt tokens)
+    mixed_background: int
+    mixed_background_output: int
+    mixed_prompt: int
+
+    @classmethod
+    def for_limits(cls, limits: ServerLimits) -> "CapacityPlan":
+        max_len = limits["max_model_len"] or ASSUMED_MAX_MODEL_LEN
+        seqs, budget, kv = limits["max_num_seqs"], limits["max_num_batched_tokens"], limits["kv_cache_tokens"]
+        longest = min(LONGEST_PROMPT, int(PROMPT_SAFETY * (max_len - SERIAL_OUTPUT_TOKENS)))
+        if longest < 2 * SHORTEST_PROMPT:
+            raise BadInput(f"max_model_len {max_len} leaves no room for a capacity profile's prompts "
+                           f"(at least {2 * SHORTEST_PROMPT + SERIAL_OUTPUT_TOKENS} tokens)")
+        serial = sorted({SHORTEST_PROMPT, longest // 8, longest // 4, longest // 2, 3 * longest // 4, longest})
+        short = min(DECODE_PROMPT_TOKENS, longest // 2)
+        long_prompt = min(LONG_PROMPT_CAP, int(PROMPT_SAFETY * (0.75 * max_len)) - DECODE_OUTPUT_TOKENS)
+        decode = [(c, short) for c in CONCURRENCIES
+                  if c <= seqs and c * (short + DECODE_OUTPUT_TOKENS) <= kv]
+        if long_prompt > 2 * short:
+            decode += [(c, long_prompt) for c in LONG_CONCURRENCIES
+                       if c <= seqs and c * (long_prompt + DECODE_OUTPUT_TOKENS) <= 0.9 * kv]
+        background = min(MIXED_BACKGROUND, seqs - 1)
+        background_output = min(MIXED_BACKGROUND_OUTPUT, int(PROMPT_SAFETY * max_len) - short)
+        mixed_prompt = min(longest // 2, budget - background)
+        if background < 1 or background_output < 4 * DECODE_OUTPUT_TOKENS or mixed_prompt < SHORTEST_PROMPT:
+            background = 0                          # no room for the mixed point on this server
+        return cls(tuple(serial), tuple(decode), background, background_output, mixed_prompt)
+
+    def requests_per_round(self) -> int:
+        """Requests a round sends (the mixed point's probes not counted: they depend on timing)."""
+        return (len(self.serial_prompts) * SERIAL_REPEATS
+                + sum(c * _bursts(c, p, self.decode) for c, p in self.decode) + self.mixed_background)
+
+
+def _bursts(concurrency: int, prompt: int, decode) -> int:
+    """Bursts of ``concurrency`` a round sends for a decode point: enough for its requests."""
+    long = prompt != min(p for _, p in decode)
+    return max(MIN_BURSTS, math.ceil((LONG_BURST_REQUESTS if long else BURST_REQUESTS) / concurrency))
+
+
+# --- measuring -------------------------------------------------------------------------------
+
+class Measurer:
+    """Sends the plan's requests (each profile seeded anew, so no prompt finds another's in the
+    prefix cache) and keeps their records by point."""
+
+    def __init__(self, send, template, tokens: PromptTokens | None, seed: int,
+                 on_request: Callable[[RequestRecord], None]):
+        self.send, self.template, self.tokens = send, template, tokens
+        self.seed, self.runs = seed, 0
+        self.on_request = on_request
+
+    def run(self, requests: int, prompt: int, output: int, concurrency: int) -> runner.Run:
+        self.runs += 1
+        profile = Profile(requests=requests, prompt_tokens=parse_lengths(str(prompt), "prompt", ()),
+                          output_tokens=parse_lengths(str(output), "output", ()),
+                          concurrency=concurrency, seed=self.seed * 100_003 + self.runs)
+        return runner.run(profile, self.send, self.template, lambda _n, rec: self.on_request(rec),
+                          self.tokens)
+
+    def probe(self, prompt: int, index: int) -> RequestRecord:
+        rng = random.Random(self.seed * 100_003 + 50_000 + index)
+        words = (self.tokens or PromptTokens()).words_for(prompt)
+        req = replace(self.template, prompt=make_prompt(rng, words, 1_000_000 + index), messages=None,
+                      max_tokens=SERIAL_OUTPUT_TOKENS, stream=True)
+        rec = runner.measure(self.send, req)
+        self.on_request(rec)
+        return rec
+
+
+@dataclass
+class Collected:
+    serial: dict[int, list[RequestRecord]] = field(default_factory=dict)
+    decode: dict[tuple[int, int], list[tuple[int, RequestRecord]]] = field(default_factory=dict)   # (round, rec)
+    decode_runs: dict[tuple[int, int], list[runner.Run]] = field(default_factory=dict)
+    mixed: list[dict[str, float]] = field(default_factory=list)
+    mixed_background: list[RequestRecord] = field(default_factory=list)
+    started_at: str | None = None
+
+
+def measure(plan: CapacityPlan, m: Measurer, rounds: int, say_phase: Callable[[str], None]) -> Collected:
+    """Every round: the serial requests and the decode bursts in a seeded random order (so a slow
+    spell of the machine lands on several points a little, not on one a lot), then the mixed point."""
+    got = Collected()
+    probes = 0
+    for r in range(rounds):
+        tasks = [("prefill", 1, prompt) for prompt in plan.serial_prompts for _ in range(SERIAL_REPEATS)]
+        tasks += [("decode", c, prompt) for c, prompt in plan.decode
+                  for _ in range(_bursts(c, prompt, plan.decode))]
+        random.Random(m.seed * 7919 + r).shuffle(tasks)
+        for kind, c, prompt in tasks:
+            say_phase(f"round {r + 1}/{rounds}: {kind}, {c} × {prompt}-token prompt")
+            if kind == "prefill":
+                run = m.run(1, prompt, SERIAL_OUTPUT_TOKENS, 1)
+                got.serial.setdefault(prompt, []).extend(run.records)
+            else:
+                run = m.run(c, prompt, DECODE_OUTPUT_TOKENS, c)
+                got.decode.setdefault((c, prompt), []).extend((r, rec) for rec in run.records)
+                got.decode_runs.setdefault((c, prompt), []).append(run)
+            got.started_at = got.started_at or run.started_at
+        if plan.mixed_background:
+            say_phase(f"round {r + 1}/{rounds}: mixed, {plan.mixed_prompt}-token prompts while "
+                      f"{plan.mixed_background} decode")
+            probes = _measure_mixed(plan, m, got, probes)
+    return got
+
+
+def _measure_mixed(plan: CapacityPlan, m: Measurer, got: Collected, probes: int) -> int:
+    """One background burst decoding a long answer, and prompts sent one at a time while it runs.
+
+    A probe counts where every background sequence had its first token before the probe was sent
+    and none had finished when the probe's last token came; the background's KV tokens at the
+    probe are interpolated from each sequence's first and last token times.
+    """
+    bg, out = plan.mixed_background, plan.mixed_background_output
+    step = _decode_step_estimate(got, bg)
+    first = _median([rec.ttft_s for key, recs in got.decode.items() if key[0] == bg
+                     for _, rec in recs if rec.ttft_s is not None]) or 0.05
+    holder: dict[str, runner.Run] = {}
+    t0 = time.perf_counter()
+    thread = threading.Thread(target=lambda: holder.update(
+        run=m.run(bg, DECODE_PROMPT_TOKENS, out, bg)), daemon=True)
+    thread.start()
+    time.sleep(2 * first + 4 * step)                   # after the background's prefill
+    sent: list[tuple[float, RequestRecord]] = []
+    deadline = 0.8 * (first + out * step)
+    # Spread over the background's answer, so the probes meet its KV cache at several sizes; at
+    # least a few steps apart, so the batch settles between them.
+    interval = max(3 * step, (deadline - (time.perf_counter() - t0)) / MIXED_PROBES)
+    while thread.is_alive() and time.perf_counter() - t0 < deadline and len(sent) < MIXED_PROBES:
+        at = time.perf_counter() - t0
+        sent.append((at, m.probe(plan.mixed_prompt, probes)))
+        probes += 1
+        time.sleep(max(0.0, at + interval - (time.perf_counter() - t0)))
+    thread.join()
+    background = holder["run"].records if "run" in holder else []
+    got.mixed_background.extend(background)
+    done = [b for b in background if b.ok and b.ttft_s is not None and b.e2e_s is not None]
+    if len(done) < bg:
+        return probes
+    for at, rec in sent:
+        if not rec.ok or rec.ttft_s is None or rec.e2e_s is None:
+            continue
+        if at < max(b.ttft_s for b in done) or at + rec.e2e_s > min(b.e2e_s for b in done):
+            continue                                   # the background was not all decoding
+        kv = sum(b.input_tokens + 1 + (b.output_tokens - 1) * (at - b.ttft_s) / (b.e2e_s - b.ttft_s)
+                 for b in done)
+        got.mixed.append({"ttft_s": rec.ttft_s, "prompt_tokens": rec.input_tokens, "background_kv_tokens": kv})
+    return probes
+
+
+def _decode_step_estimate(got: Collected, concurrency: int) -> float:
+    """The measured time per output token at the decode point nearest ``concurrency``."""
+    if not got.decode:
+        return 0.05
+    c, p = min(got.decode, key=lambda key: (abs(key[0] - concurrency), key[1]))
+    return _median([rec.tpot_s for _, rec in got.decode[(c, p)] if rec.tpot_s]) or 0.05
+
+
+def _median(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+# --- the profile and the fit ----------------------------------------------------------------
+
+def capacity_profile(plan: CapacityPlan, got: Collected, limits: ServerLimits, rounds: int) -> tuple[dict, list[str]]:
+    """The ``capacity_profile`` document (what fit_capacity reads), and notes on points dropped."""
+    points, notes = [], []
+    for prompt, recs in got.serial.items():
+        ok = [r for r in recs if r.ok and r.ttft_s is not None and r.input_tokens]
+        if not ok:
+            notes.append(f"prefill {prompt}: every request failed ({_errors(recs)})")
+            continue
+        ttfts = [r.ttft_s for r in ok]
+        points.append({"kind": "prefill", "prompt_tokens": statistics.mean(r.input_tokens for r in ok),
+                       "output_tokens": SERIAL_OUTPUT_TOKENS, "ttft_s": statistics.median(ttfts),
+                       "ttft_s_min": min(ttfts), "ttft_s_max": max(ttfts), "samples": len(ok),
+                       "step_s": _median(r.tpot_s for r in ok)})
+    for (c, prompt), pairs in got.decode.items():
+        exact = [(rnd, r) for rnd, r in pairs if r.ok and r.tpot_s and r.output_tokens == DECODE_OUTPUT_TOKENS]
+        ok = [(rnd, r) for rnd, r in exact if len(r.itl_s) + 1 >= CLUMPED_BELOW * r.output_tokens]
+        if len(ok) < len(exact):
+            notes.append(f"decode c={c}, prompt {prompt}: {len(exact) - len(ok)} of {len(exact)} streams came "
+                         "in clumps (the server's front end or this client was short of CPU): left out")
+        if not ok:
+            notes.append(f"decode c={c}, prompt {prompt}: no request gave {DECODE_OUTPUT_TOKENS} tokens "
+                         f"({_errors([r for _, r in pairs])})")
+            continue
+        recs = [r for _, r in ok]
+        runs = got.decode_runs[(c, prompt)]
+        per_round = [_median(r.tpot_s for rnd, r in ok if rnd == k) for k in range(rounds)]
+        mean_prompt = statistics.mean(r.input_tokens for r in recs)
+        points.append({"kind": "decode", "requests": c, "prompt_tokens": mean_prompt,
+                       "output_tokens": DECODE_OUTPUT_TOKENS,
+                       "step_s": statistics.median(r.tpot_s for r in recs),
+                       "kv_tokens": c * (mean_prompt + DECODE_OUTPUT_TOKENS / 2),
+                       "itl_p50_s": _median(g for r in recs for g in r.itl_s),
+                       "ttft_p50_s": _median(r.ttft_s for r in recs),
+                       "step_s_by_round": [x for x in per_round if x is not None],
+                       "output_tokens_per_second": sum(r.output_tokens for r in recs)
+                       / sum(run.duration_s for run in runs),
+                       "samples": len(recs), "clumped": len(exact) - len(ok)})
+    if got.mixed:
+        bgs = [b for b in got.mixed_background if b.ok and b.tpot_s]
+        points.append({"kind": "mixed", "background_seqs": plan.mixed_background,
+                       "background_kv_tokens": statistics.median(p["background_kv_tokens"] for p in got.mixed),
+                       "prompt_tokens": statistics.mean(p["prompt_tokens"] for p in got.mixed),
+                       "ttft_s": statistics.median(p["ttft_s"] for p in got.mixed),
+                       "background_step_s": _median(b.tpot_s for b in bgs), "samples": len(got.mixed)})
+    elif plan.mixed_background:
+        notes.append("mixed: no prompt arrived while the whole background was decoding")
+    order = {"prefill": 0, "decode": 1, "mixed": 2}
+    points.sort(key=lambda p: (order[p["kind"]], p["prompt_tokens"] if p["kind"] != "decode"
+                               else (round(p["prompt_tokens"], -2), p["requests"])))
+    profile = {"schema": "spectrum.capacity_profile/1", "limits": dict(limits.values),
+               "limit_sources": dict(limits.sources), "rounds": rounds, "points": points,
+               "method": {"decode_prompt_tokens": DECODE_PROMPT_TOKENS,
+                          "decode_output_tokens": DECODE_OUTPUT_TOKENS,
+                          "serial_output_tokens": SERIAL_OUTPUT_TOKENS, "serial_repeats": SERIAL_REPEATS,
+                          "step_s": "decode: median over requests of (E2E − TTFT)/(output tokens − 1)"}}
+    return profile, notes
+
+
+def _errors(records) -> str:
+    kinds: dict[str, int] = {}
+    for r in records:
+        if r.error:
+            kinds[r.error] = kinds.get(r.error, 0) + 1
+    return ", ".join(f"{k}: {v}" for k, v in kinds.items()) or "no errors, but no usable timings"
+
+
+# --- the command -----------------------------------------------------------------------------
+
+def bench_capacity(args, template, send, details, console) -> int:
+    """``python -m options.bench --profile capacity``: measure, fit, write JSON, print tables."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from cost.simulate.capacity import fit_capacity
+    from options.bench import report
+    from options.bench.__main__ import warm_up_and_calibrate
+
+    check_args(args)
+    template = replace(template, ignore_eos=True, stream=True)
+    ready, tokens = warm_up_and_calibrate(args, send, template, console, args.seed)
+    if not ready:
+        return 1
+    limits = discover_limits(args, details)
+    plan = CapacityPlan.for_limits(limits)
+    with Progress(TextColumn("[bold]capacity"), BarColumn(), MofNCompleteColumn(),
+                  TextColumn("{task.fields[phase]}"), TimeElapsedColumn(),
+                  console=console, disable=args.no_progress, transient=True) as bar:
+        task = bar.add_task("requests", total=plan.requests_per_round() * args.rounds, phase="")
+        counted = [0]
+
+        def on_request(_rec) -> None:
+            counted[0] += 1
+            total = max(bar.tasks[0].total or 0, counted[0])
+            bar.update(task, completed=counted[0], total=total)
+
+        got = measure(plan, Measurer(send, template, tokens, args.seed, on_request), args.rounds,
+                      lambda phase: bar.update(task, phase=phase))
+    profile, notes = capacity_profile(plan, got, limits, args.rounds)
+    for note in notes:
+        console.print(f"[yellow]{note}[/yellow]")
+    kinds = {p["kind"] for p in profile["points"]}
+    if not {"prefill", "decode"} <= kinds:
+        console.print("[red]too few points measured to fit a capacity model[/red] (need prefill and "
+                      "decode points; see the notes above)")
+        return 1
+    origin = _origin(args, details)
+    model = fit_capacity(profile, origin)
+    # The document's metrics (what older readers take as the capacity): the highest concurrency
+    # measured with the short prompt, all its bursts.
+    short = min(p for _, p in got.decode_runs)
+    top_key = max(k for k in got.decode_runs if k[1] == short)
+    top_runs = got.decode_runs[top_key]
+    summary = summarize([r for run in top_runs for r in run.records], sum(run.duration_s for run in top_runs))
+    top_profile = Profile(requests=summary.completed + sum(summary.errors.values()),
+                          prompt_tokens=parse_lengths(str(top_key[1]), "prompt", ()),
+                          output_tokens=parse_lengths(str(DECODE_OUTPUT_TOKENS), "output", ()),
+                          concurrency=top_key[0], seed=args.seed)
+    details = {**details, "ignore_eos": True, "warmup_requests": args.warmup,
+               "prompt_calibration": tokens.to_json() if tokens else None,
+               "metrics_from": f"the decode point at concurrency {top_key[0]} (prompt {top_key[1]} tokens), "
+                               f"all its bursts over {args.rounds} rounds"}
+    doc = report.bench_json(summary, top_profile, level=args.level, target=args.target,
+                            model=template.model or args.model or details.get("served_model"),
+                            started_at=got.started_at or "", details=details)
+    doc["capacity_profile"] = profile
+    doc["capacity_model"] = model.to_json()
+    if args.json:
+        report.write_json(doc, args.json)
+    if args.json != "-":
+        console.print(render_tables(model, profile))
+    return 0
+
+
+def _origin(args, details) -> str:
+    where = details.get("url") or details.get("endpoint") or "the target"
+    return (f"{args.json or '(not saved)'}: python -m options.bench --profile capacity on {where}"
+            + (f" (level {args.level})" if args.level is not None else ""))
+
+
+def render_tables(model, profile: dict[str, Any]):
+    """Points (measured, fitted, residual), the coefficients, the limits, and the verdict."""
+    from rich.console import Group
+    from rich.table import Table
+
+    from cost.simulate.capacity import TOLERANCE, wave_terms
+
+    fit = model.fit
+    points = Table(title="capacity profile: measured vs the fitted model",
+                   caption="prefill: TTFT of one request on an idle server; decode: median time per "
+                           "output token in bursts of c requests; mixed: TTFT of a prompt while others decode")
+    for col in ("point", "KV tokens", "measured ms", "fitted ms", "residual"):
+        points.add_column(col, justify="left" if col == "point" else "right")
+    bursts = Table(title="bursts: TTFT p50 (not fitted; includes the front end taking requests in turn)")
+    for col in ("burst", "measured ms", "model ms"):
+        bursts.add_column(col, justify="left" if col == "burst" else "right")
+    coef = model.coefficients()
+    for p in fit["points"]:
+        tol = TOLERANCE.get(p["kind"])
+        mark = "" if tol is None else (" ✓" if abs(p["residual"]) <= tol else " ✗")
+        if p["kind"] == "prefill":
+            label, kv = f"prefill {p['prompt_tokens']:,.0f} tok", p["prompt_tokens"]
+        elif p["kind"] == "decode":
+            label, kv = f"decode c={p['requests']}, prompt {p['prompt_tokens']:,.0f}", p.get("kv_tokens", 0)
+        else:
+            label = f"mixed {p['prompt_tokens']:,.0f} tok + {p['background_seqs']} decoding"
+            kv = p["background_kv_tokens"] + p["prompt_tokens"]
+        points.add_row(label, f"{kv:,.0f}", f"{p['measured_s'] * 1e3:.3f}", f"{p['predicted_s'] * 1e3:.3f}",
+                       f"{p['residual']:+.1%}{mark}")
+        if p["kind"] == "decode" and p.get("ttft_p50_s"):
+            ttft, _ = wave_terms(p["requests"], p["prompt_tokens"], p["output_tokens"],
+                                 model.max_num_batched_tokens, model.max_num_seqs)
+            mid = ttft[(len(ttft) - 1) // 2], ttft[len(ttft) // 2]
+            predicted = sum((a + b) / 2 * c for a, b, c in zip(*mid, coef))
+            bursts.add_row(label, f"{p['ttft_p50_s'] * 1e3:.2f}", f"{predicted * 1e3:.2f}")
+    coefficients = Table(title="fitted model", show_header=False)
+    for label, value in (("step_base_s", f"{model.step_base_s * 1e3:.4g} ms"),
+                         ("step_per_seq_s", f"{model.step_per_seq_s * 1e3:.4g} ms"),
+                         ("step_per_kv_token_s", f"{model.step_per_kv_token_s * 1e6:.4g} µs"),
+                         ("prefill_per_token_s", f"{model.prefill_per_token_s * 1e6:.4g} µs"),
+                         ("request_overhead_s", f"{model.request_overhead_s * 1e3:.4g} ms")):
+        coefficients.add_row(label, value)
+    for name, value in profile["limits"].items():
+        coefficients.add_row(name, f"{value:,}" if value else "unknown", profile["limit_sources"].get(name, ""))
+    coefficients.add_row("saturated output tok/s", f"{model.saturated_output_tok_s(128, 64):,.0f} at 128 in / 64 out; "
+                         f"{model.saturated_output_tok_s(1000, 200):,.0f} at 1,000 in / 200 out")
+    lines = []
+    names = {"decode": "decode steps (time per output token)", "prefill": "prefill TTFT"}
+    for kind, c in fit["check"].items():
+        verdict = "[green]yes[/green]" if c["ok"] else "[red]no[/red]"
+        lines.append(f"the fit reproduces the {names[kind]} within {c['tolerance']:.0%}: {verdict} "
+                     f"(worst {c['worst']:.1%})")
+    if "mixed" in fit["worst_residual"]:
+        lines.append(f"mixed point (prefill inside a decode batch): {fit['worst_residual']['mixed']:.1%} off")
+    return Group(points, bursts, coefficients, *lines)
