@@ -1,18 +1,21 @@
 """One replica as a continuous-batching server: a FCFS queue in front of an engine that runs steps.
 
-The engine's timing is the capacity model's (``cost.simulate.capacity``): each step decodes one
-token for every running sequence and prefills the prompts admitted at the step's start; its
-length is ``CapacityModel.step_s(seqs, kv_tokens, prefill_tokens)``. Admission happens at step
-boundaries, first come first served, while fewer than ``max_num_seqs`` run, the step's token
-budget (``max_num_batched_tokens``) has room and the KV cache can hold the prompt and its whole
+The engine's timing is the capacity model's (``cost.simulate.capacity``, whose docstring states
+the step semantics this follows): each step decodes one token for every decoding sequence and
+prefills chunks of prompts, at most ``max_num_batched_tokens`` tokens in all (decode tokens
+first, then the prompts in arrival order: vLLM's chunked prefill); its length is
+``step_s(seqs in the step, KV tokens they hold, prompt tokens it computes)``. Requests are
+admitted at step boundaries, first come first served, while fewer than ``max_num_seqs`` are
+running, the step's token budget has room and the KV cache can hold the prompt and its whole
 answer (reserved up front: vLLM allocates blocks as tokens come and preempts when it runs out,
-so this is the cautious side of it). A request's first token comes out of the step that prefills
-it; each later token takes one more step.
+so this is the cautious side of it). A request's first token comes out of the step that
+finishes its prompt; each later token takes one more step.
 
 Why not one event per step: a day of traffic is millions of steps. Between two changes of the
-running set (an admission or a completion) the steps differ only by the KV cache, which grows
-by one token per sequence per step, so k steps take ``k·T₀ + c·n·k(k−1)/2``: the replica jumps
-from change to change in closed form, and its cost grows with requests, not with tokens.
+running set (an admission, a prompt finished, a completion) decode steps differ only by the KV
+cache, which grows by one token per sequence per step, so k steps take ``k·T₀ + c·n·k(k−1)/2``:
+the replica jumps from change to change in closed form, and its cost grows with requests, not
+with tokens. Steps that carry prompt chunks are taken one at a time.
 """
 from __future__ import annotations
 
@@ -28,10 +31,10 @@ Finished = Callable[[int, float, float], None]       # (request index, first tok
 class BatchingReplica:
     """The queue and running batch of one server; time moves only through ``advance_to``."""
 
-    __slots__ = ("clock", "step", "running", "kv", "reserved", "queue", "prefill_extra_s", "just_admitted",
-                 "finish_heap", "first_token_at", "admitted", "inputs", "outputs", "on_finish",
+    __slots__ = ("clock", "step", "decoding", "kv", "reserved", "queue", "prefilling", "plan", "plan_s",
+                 "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
-                 "busy_s", "started_s", "pending_prefill")
+                 "busy_s", "started_s")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0) -> None:
         self.base_s = capacity.step_base_s
@@ -46,149 +49,165 @@ class BatchingReplica:
         self.started_s = now
         self.clock = now            # time of the last step boundary (or when it went idle)
         self.step = 0               # steps completed so far
-        self.running = 0            # sequences in the batch
-        self.kv = 0                 # tokens in the KV cache: each running sequence's prompt + tokens so far
-        self.reserved = 0           # KV tokens reserved for the running sequences' whole answers
+        self.decoding = 0           # sequences past their prompt, one token a step
+        self.kv = 0                 # tokens the decoding sequences hold: prompt + tokens so far
+        self.reserved = 0           # KV tokens reserved for every running sequence's whole answer
         self.queue: deque[int] = deque()
-        self.prefill_extra_s = 0.0  # what the next step adds for the prompts admitted at its start
-        self.pending_prefill = 0    # those prompts' tokens (the step's token budget counts them)
-        self.just_admitted: list[int] = []
-        self.finish_heap: list[tuple[int, int]] = []          # (step that ends with its last token, request)
-        self.first_token_at: dict[int, float] = {}            # request -> time of its first token
-        self.admitted: dict[int, int] = {}                    # request -> step count when it was admitted
+        self.prefilling: deque[list[int]] = deque()      # [request, prompt tokens computed so far]
+        self.plan: list[tuple[list[int], int]] = []      # the next step's prompt chunks, fixed at its start
+        self.plan_s = 0.0           # that step's length
+        self.finish_heap: list[tuple[int, int]] = []     # (step that ends with its last token, request)
+        self.first_token_at: dict[int, float] = {}       # request -> time of its first token
+        self.decode_started: dict[int, int] = {}         # request -> step count when its prompt was done
         self.busy_s = 0.0           # time spent running steps (for utilisation)
 
     # --- what the fleet asks -------------------------------------------------------------------
 
     @property
+    def running(self) -> int:
+        return self.decoding + len(self.prefilling)
+
+    @property
     def outstanding(self) -> int:
         """Requests queued or running: what a least-outstanding router and concurrency metrics see."""
-        return self.running + len(self.queue)
+        return self.decoding + len(self.prefilling) + len(self.queue)
 
     @property
     def waiting(self) -> int:
+        """Requests not yet scheduled (vLLM's ``num_requests_waiting``)."""
         return len(self.queue)
 
     def arrive(self, request: int, now: float) -> None:
         """A request reaches this replica at ``now`` (the caller has advanced it to ``now``)."""
         self.queue.append(request)
-        if self.running == 0:
+        if not self.decoding and not self.prefilling:
             # An idle engine starts a step as soon as work arrives.
             self.clock = max(self.clock, now)
-            self._admit()
+            self._schedule()
         elif self.clock == now:
             # Arriving exactly at a boundary: the step starting now takes it, as vLLM's scheduler
             # takes every request already queued when it builds a step.
-            self._admit()
+            self._schedule()
 
     def next_change_s(self) -> float:
-        """When the running set next changes by itself (a completion, or an admission at the next
-        boundary when requests wait and could be admitted); inf when idle."""
-        if self.running == 0:
+        """When the running set next changes by itself; inf when idle."""
+        if not self.decoding and not self.prefilling:
             return math.inf
-        if self.queue and self._can_admit(self.queue[0]):
-            return self.clock + self._steps_s(1)
-        return self.clock + self._steps_s(self.finish_heap[0][0] - self.step)
+        return self.clock + self._steps_s(self._steps_to_change())
 
     def advance_to(self, t: float) -> None:
         """Run the engine up to time ``t``: every step that ends by then, with its completions and
         admissions. Afterwards ``clock`` is the last step boundary at or before ``t``."""
-        while self.running:
-            if self.queue and self._can_admit(self.queue[0]):
-                k = 1               # the next boundary admits: the running set changes there
-            else:
-                k = self.finish_heap[0][0] - self.step
+        while self.decoding or self.prefilling:
+            k = self._steps_to_change()
             span = self._steps_s(k)
             if self.clock + span > t:
-                k = self._steps_fitting(t - self.clock)
-                if k:
-                    self._run_steps(k, self._steps_s(k))
+                if not self.plan:
+                    k = self._steps_fitting(t - self.clock)
+                    if k:
+                        self._run_steps(k, self._steps_s(k))
                 return
             self._run_steps(k, span)
             self._complete()
-            self._admit()
-
-    def drain_queue(self) -> list[int]:
-        """Take back every request still waiting (the replica is going away)."""
-        waiting = list(self.queue)
-        self.queue.clear()
-        return waiting
+            self._schedule()
 
     # --- the engine ----------------------------------------------------------------------------
 
+    def _steps_to_change(self) -> int:
+        if self.plan:
+            return 1                # a step with prompt chunks changes who decodes
+        if self.queue and self._room() > 0 and self._can_admit(self.queue[0]):
+            return 1                # the next boundary admits
+        return self.finish_heap[0][0] - self.step
+
+    def _room(self) -> int:
+        return self.budget - self.decoding
+
     def _steady_step_s(self) -> float:
-        return self.base_s + self.per_seq_s * self.running + self.per_kv_s * self.kv
+        return self.base_s + self.per_seq_s * self.decoding + self.per_kv_s * self.kv
 
     def _steps_s(self, k: int) -> float:
-        """Length of the next ``k`` steps: the KV cache grows by ``running`` tokens a step."""
-        return (k * self._steady_step_s() + self.per_kv_s * self.running * k * (k - 1) / 2
-                + self.prefill_extra_s)
+        """Length of the next ``k`` steps: the KV cache grows by one token a decoding sequence a step."""
+        if self.plan:
+            return self.plan_s
+        return k * self._steady_step_s() + self.per_kv_s * self.decoding * k * (k - 1) / 2
 
     def _steps_fitting(self, room: float) -> int:
-        """How many whole steps end within ``room`` seconds."""
+        """How many whole decode steps end within ``room`` seconds."""
         t0 = self._steady_step_s()
-        if t0 + self.prefill_extra_s > room:
+        if t0 > room:
             return 0
-        r = room - self.prefill_extra_s
-        c = self.per_kv_s * self.running
+        c = self.per_kv_s * self.decoding
         if c <= 1e-15:
-            k = int(r // t0)
-        else:       # k·t0 + c·k(k−1)/2 <= r
+            k = int(room // t0)
+        else:       # k·t0 + c·k(k−1)/2 <= room
             a, b = c / 2, t0 - c / 2
-            k = int((-b + math.sqrt(b * b + 4 * a * r)) / (2 * a))
+            k = int((-b + math.sqrt(b * b + 4 * a * room)) / (2 * a))
         k = max(1, k)
         while k > 1 and self._steps_s(k) > room:   # floating point: never overshoot
             k -= 1
         return k
 
     def _run_steps(self, k: int, span: float) -> None:
-        if self.just_admitted:
-            # Sequences admitted at the first step's start get their first token at its end.
-            first_end = self.clock + self._steady_step_s() + self.prefill_extra_s
-            for request in self.just_admitted:
-                self.first_token_at[request] = first_end
-            self.just_admitted = []
-            self.prefill_extra_s = 0.0
-            self.pending_prefill = 0
-        self.clock += span
+        end = self.clock + span
+        self.kv += self.decoding * k
+        self.clock = end
         self.busy_s += span
         self.step += k
-        self.kv += self.running * k
+        if not self.plan:
+            return
+        for entry, chunk in self.plan:
+            entry[1] += chunk
+            request = entry[0]
+            if entry[1] >= self.inputs[request]:
+                # Its prompt is done: the step's end gives its first token, then it decodes.
+                self.prefilling.remove(entry)
+                self.first_token_at[request] = end
+                self.decoding += 1
+                self.kv += self.inputs[request] + 1
+                self.decode_started[request] = self.step
+                heapq.heappush(self.finish_heap, (self.step + max(0, self.outputs[request] - 1), request))
+        self.plan = []
 
     def _complete(self) -> None:
         heap = self.finish_heap
         while heap and heap[0][0] <= self.step:
             _, request = heapq.heappop(heap)
-            self.running -= 1
+            self.decoding -= 1
             prompt = self.inputs[request]
-            self.kv -= prompt + self.step - self.admitted.pop(request)
+            self.kv -= prompt + 1 + self.step - self.decode_started.pop(request)
             self.reserved -= prompt + self.outputs[request]
             self.on_finish(request, self.first_token_at.pop(request), self.clock)
 
     def _can_admit(self, request: int) -> bool:
-        if self.running >= self.max_seqs:
+        running = self.decoding + len(self.prefilling)
+        if running >= self.max_seqs:
             return False
         # An empty engine admits any request, so a prompt larger than the cache cannot stall it.
-        return self.running == 0 or self.reserved + self.inputs[request] + self.outputs[request] <= self.kv_capacity
+        return running == 0 or self.reserved + self.inputs[request] + self.outputs[request] <= self.kv_capacity
 
-    def _admit(self) -> None:
-        """Admit waiting requests at this step boundary (FCFS, within the step's token budget)."""
-        prefill = 0
-        admitted = self.just_admitted
-        while self.queue and self._can_admit(self.queue[0]):
-            request = self.queue[0]
-            prompt = self.inputs[request]
-            if admitted and self.pending_prefill + prefill + prompt + self.running > self.budget:
+    def _schedule(self) -> None:
+        """At a step boundary: the next step's prompt chunks, for the prompts under way first, then
+        for requests admitted from the queue while the token budget has room."""
+        room = self._room()
+        plan = []
+        for entry in self.prefilling:
+            if room <= 0:
                 break
-            self.queue.popleft()
-            admitted.append(request)
-            prefill += prompt
-            self.running += 1
-            self.reserved += prompt + self.outputs[request]
-            # First token at the end of the next step, the last one after outputs − 1 more.
-            heapq.heappush(self.finish_heap, (self.step + max(1, self.outputs[request]), request))
-            self.admitted[request] = self.step
-        if prefill:
-            self.kv += prefill
-            self.pending_prefill += prefill
-            self.prefill_extra_s = self.per_prefill_s * self.pending_prefill
+            chunk = min(self.inputs[entry[0]] - entry[1], room)
+            plan.append((entry, chunk))
+            room -= chunk
+        while room > 0 and self.queue and self._can_admit(self.queue[0]):
+            request = self.queue.popleft()
+            entry = [request, 0]
+            self.prefilling.append(entry)
+            self.reserved += self.inputs[request] + self.outputs[request]
+            chunk = min(self.inputs[request], room)
+            plan.append((entry, chunk))
+            room -= chunk
+        self.plan = plan
+        if plan:
+            prefill = sum(chunk for _, chunk in plan)
+            held = sum(entry[1] + chunk for entry, chunk in plan)
+            self.plan_s = (self.base_s + self.per_seq_s * (self.decoding + len(plan))
+                           + self.per_kv_s * (self.kv + held) + self.per_prefill_s * prefill)

@@ -70,56 +70,76 @@ def test_a_request_arriving_mid_step_joins_at_the_next_boundary():
 
 
 def reference_stepper(cap, arrivals, inputs, outputs):
-    """Step-by-step engine with the same rules as BatchingReplica: the differential reference
-    for its closed-form jumps (KV growth makes every step a little longer)."""
+    """A step-by-step engine with the capacity model's rules (decode tokens first, then prompt
+    chunks in arrival order within the token budget): the differential reference for
+    BatchingReplica's closed-form jumps, where KV growth makes every step a little longer."""
     n = len(arrivals)
     first, last = [math.nan] * n, [math.nan] * n
-    queue, running = [], {}                 # running: request -> tokens still to come
-    context = {}
+    queue, prefilling, decoding = [], {}, {}      # prefilling: request -> prompt tokens done
+    context = {}                                  # decoding request -> tokens it holds
     t, i = 0.0, 0
-    while i < n or queue or running:
-        if not running and not queue:
+    while i < n or queue or prefilling or decoding:
+        if not (queue or prefilling or decoding):
             t = max(t, arrivals[i])
         while i < n and arrivals[i] <= t:
             queue.append(i)
             i += 1
-        admitted, prefill = [], 0
-        while queue and len(running) < cap.max_num_seqs:
-            r = queue[0]
-            if admitted and prefill + inputs[r] + len(running) > cap.max_num_batched_tokens:
+        room = cap.max_num_batched_tokens - len(decoding)
+        chunks = {}
+        for r in prefilling:
+            if room <= 0:
                 break
-            queue.pop(0)
-            admitted.append(r)
-            prefill += inputs[r]
-            running[r] = max(1, outputs[r])
-            context[r] = inputs[r]
-        if not running:
+            chunks[r] = min(inputs[r] - prefilling[r], room)
+            room -= chunks[r]
+        while room > 0 and queue and len(decoding) + len(prefilling) < cap.max_num_seqs:
+            r = queue.pop(0)
+            prefilling[r] = 0
+            chunks[r] = min(inputs[r], room)
+            room -= chunks[r]
+        if not chunks and not decoding:
             t = arrivals[i]
             continue
-        kv = sum(context[r] for r in running)
-        t += cap.step_s(len(running), kv, prefill)
-        for r in list(running):
+        kv = sum(context.values()) + sum(prefilling[r] + c for r, c in chunks.items())
+        t += cap.step_s(len(decoding) + len(chunks), kv, sum(chunks.values()))
+        for r in list(decoding):
             context[r] += 1
-            if r in admitted:
-                first[r] = t
-            running[r] -= 1
-            if running[r] == 0:
+            decoding[r] -= 1
+            if decoding[r] == 0:
                 last[r] = t
-                del running[r], context[r]
+                del decoding[r], context[r]
+        for r, c in chunks.items():
+            prefilling[r] += c
+            if prefilling[r] >= inputs[r]:
+                del prefilling[r]
+                first[r] = t
+                if outputs[r] <= 1:
+                    last[r] = t
+                else:
+                    decoding[r] = outputs[r] - 1
+                    context[r] = inputs[r] + 1
     return np.array(first), np.array(last)
 
 
 def test_closed_form_jumps_match_a_step_by_step_engine():
     cap = capacity(step_per_seq_s=0.0003, step_per_kv_token_s=2e-6, prefill_per_token_s=2e-4, max_num_seqs=6,
-                   max_num_batched_tokens=700)
+                   max_num_batched_tokens=300)
     rng = random.Random(7)
-    arrivals = sorted(rng.uniform(0, 20) for _ in range(120))
-    inputs = [rng.randint(1, 400) for _ in arrivals]
+    arrivals = sorted(rng.uniform(0, 20) for _ in range(150))
+    arrivals[10] = arrivals[11]                   # two at the same instant share a step
+    inputs = [rng.randint(0, 700) for _ in arrivals]
     outputs = [rng.randint(1, 60) for _ in arrivals]
     ref_first, ref_last = reference_stepper(cap, arrivals, inputs, outputs)
     run, _, _ = serve(cap, arrivals, inputs, outputs)
     assert run.first_token_s == pytest.approx(ref_first, rel=1e-9, abs=1e-9)
     assert run.finish_s == pytest.approx(ref_last, rel=1e-9, abs=1e-9)
+
+
+def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks():
+    cap = capacity(max_num_batched_tokens=100)
+    _, ttft, e2e = serve(cap, [0.0], [250], [3])
+    # 100 + 100 + 50 prompt tokens over three steps, the first token at the end of the third
+    assert ttft[0] == pytest.approx(3 * 0.01 + 250 * 0.001)
+    assert e2e[0] == pytest.approx(ttft[0] + 2 * 0.01)
 
 
 def test_kv_cache_bounds_admission():

@@ -76,6 +76,8 @@ class EngineAdapter:
         self.engine = None
         self.tokenizer = None
         self.max_model_len = 0
+        self.max_num_seqs = 0            # the scheduler's limits, said on /v1/models so a
+        self.max_num_batched_tokens = 0  # capacity bench of a --url server reads, not assumes, them
         self.adapters = None              # adapters.AdapterRegistry when LoRA is on
         self._zero_adapter = False
         # What the engine turned out to be, once built (the settings may leave it to vLLM).
@@ -138,6 +140,8 @@ class EngineAdapter:
         self.tokenizer = engine.get_tokenizer()
         config = engine.vllm_config
         self.max_model_len = config.model_config.max_model_len
+        self.max_num_seqs = config.scheduler_config.max_num_seqs
+        self.max_num_batched_tokens = config.scheduler_config.max_num_batched_tokens
         self.runner = config.model_config.runner_type
         self.scheduling_policy = str(config.scheduler_config.policy)
         self.prefix_caching = bool(config.cache_config.enable_prefix_caching)

@@ -166,7 +166,8 @@ class Routes:
         data = [{"id": self.settings.served_model_name, "object": "model", "owned_by": "spectrum",
                  "max_model_len": engine.max_model_len if engine else None}]
         if engine is not None and engine.ready:      # what the engine runs as
-            data[0].update(runner=engine.runner, tasks=list(engine.tasks),
+            data[0].update(max_num_seqs=engine.max_num_seqs, max_num_batched_tokens=engine.max_num_batched_tokens,
+                           runner=engine.runner, tasks=list(engine.tasks),
                            scheduling_policy=engine.scheduling_policy,
                            prefix_caching=engine.prefix_caching)
         adapters = self.engine.adapters if self.engine is not None else None
