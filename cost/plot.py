@@ -162,7 +162,7 @@ def plot_simulation(path: str | Path, sim, data: dict) -> Path:
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 9), dpi=110)
     minutes = sim.per_minute_counts()
     xs = np.arange(len(minutes)) / 60            # hours
-    top.bar(xs, minutes, width=1 / 60, color="#cccccc", label="requests per minute (left)")
+    top.bar(xs, minutes, width=1 / 60, align="edge", color="#cccccc", label="requests per minute (left)")
     top.set_xlabel("hours into the trace")
     top.set_ylabel("requests per minute")
     right = top.twinx()
@@ -206,12 +206,13 @@ def plot_simulation(path: str | Path, sim, data: dict) -> Path:
         colour = COLOURS.get(level, SAGEMAKER_COLOURS[0])
         label = {1: "Bedrock (per token)", 2: "SageMaker, rungs 2-5", 6: "EKS, rung 6"}.get(level, f"rung {level}")
         bottom.plot(scales, ys, color=colour, lw=2, label=label)
-    for level, k in (data.get("break_even_scale") or {}).items():
-        if k is None or level in ("3", "4", "5"):
-            continue
+    marked = [(level, k) for level, k in (data.get("break_even_scale") or {}).items()
+              if k is not None and level not in ("3", "4", "5")]
+    for row, (level, k) in enumerate(marked):
         bottom.axvline(k, color=COLOURS.get(int(level), SAGEMAKER_COLOURS[0]), linestyle=":", lw=1.5)
-        bottom.annotate(f"rung {level} = Bedrock at x{k:.3g}", (k, 0.02), xycoords=("data", "axes fraction"),
-                        rotation=90, fontsize=8, xytext=(3, 0), textcoords="offset points")
+        bottom.annotate(f"rung {'2-5' if level == '2' else level} = Bedrock at x{k:.3g}",
+                        (k, 0.92 - 0.07 * row), xycoords=("data", "axes fraction"), fontsize=8,
+                        xytext=(4, 0), textcoords="offset points")
     bottom.axvline(1, color="black", lw=1, alpha=0.4)
     bottom.set_xscale("log")
     bottom.set_yscale("log")
@@ -220,4 +221,32 @@ def plot_simulation(path: str | Path, sim, data: dict) -> Path:
     bottom.set_title("Monthly cost against scale (self-hosted sized at the recommended per-instance load)")
     bottom.grid(True, which="both", alpha=0.25)
     bottom.legend(loc="upper left", fontsize=9)
+    return _save(fig, plt, path)
+
+
+def plot_prediction_cdfs(path: str | Path, runs: list, capacity_source: str) -> Path:
+    """``cost simulate --predict-replay ... --plot``: for each replay, the CDF of TTFT and of E2E,
+    predicted (dashed) against measured (solid), one colour per replay."""
+    import numpy as np
+
+    path, plt = _start(path)
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5), dpi=110)
+    colours = ("#1f77b4", "#ff7f0e", "#d62728", "#2ca02c", "#9467bd")
+    for i, (label, samples) in enumerate(runs):
+        colour = colours[i % len(colours)]
+        for ax, metric in zip(axes, ("ttft_ms", "e2e_ms")):
+            for side, style in (("measured", "-"), ("predicted", "--")):
+                values = np.sort(np.asarray(samples[side][metric], dtype=float))
+                if not len(values):
+                    continue
+                ax.plot(values, np.arange(1, len(values) + 1) / len(values), style, color=colour, lw=1.8,
+                        label=f"{label}, {side}")
+    for ax, metric in zip(axes, ("TTFT", "E2E")):
+        ax.set_xscale("log")
+        ax.set_xlabel(f"{metric} (ms, log scale)")
+        ax.set_ylabel("share of requests")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.set_title(f"{metric}: predicted (dashed) vs measured (solid)")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.suptitle(f"Replays re-predicted from {capacity_source}", fontsize=9)
     return _save(fig, plt, path)

@@ -23,10 +23,12 @@ def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
     """simulate's flags: the trace and how to simulate it (shared with ``cost recommend --trace``),
     the prices, one replica's capacity, and what only simulate does (--predict-replay, --plot)."""
     add_trace_simulation_arguments(s, add_pricing=add_pricing_args)
-    s.add_argument("--predict-replay", metavar="REPLAY.json",
-                   help="re-predict a replay measured by python -m options.bench --replay (needs --bench)")
+    s.add_argument("--predict-replay", metavar="REPLAY.json", nargs="+",
+                   help="re-predict replays measured by python -m options.bench --replay on the server --bench "
+                        "profiled (one or several: each is predicted and shown beside its measurement)")
     s.add_argument("--plot", metavar="FILE.png",
-                   help="load and replicas over time per rung, and monthly cost against --scale with the break-evens")
+                   help="load and replicas over time per rung, and monthly cost against --scale with the "
+                        "break-evens; with --predict-replay, predicted against measured TTFT and E2E CDFs")
 
 
 def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
@@ -249,15 +251,8 @@ def replay_trace(spec: dict[str, Any]):
                                output_tokens=outputs, span_s=trace.span_s * time_scale)
 
 
-def predict_replay(args) -> dict[str, Any]:
-    import numpy as np
-
-    from cost.simulate.fleet import SERVED, run_fleet
-    from cost.simulate.scaling import Fixed
-
-    if not args.bench:
-        raise BadInput("--predict-replay needs --bench FILE: the capacity bench of the server the replay ran on")
-    path = Path(args.predict_replay)
+def read_replay(path: Path) -> dict[str, Any]:
+    """A replay document's ``replay`` part; BadInput naming the file and what it lacks."""
     try:
         doc = json.loads(path.read_text())
     except FileNotFoundError:
@@ -268,23 +263,57 @@ def predict_replay(args) -> dict[str, Any]:
     if not isinstance(replay, dict) or "spec" not in replay or "summary" not in replay:
         raise BadInput(f"--predict-replay {str(path)!r} has no replay.spec and replay.summary: write it with "
                        "python -m options.bench --replay TRACE ... --json FILE")
-    capacity = capacity_from_args(args)
+    return replay
+
+
+def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
+    """(the prediction beside the measurement, per-request predicted and measured milliseconds)."""
+    import numpy as np
+
+    from cost.simulate.fleet import SERVED, run_fleet
+    from cost.simulate.scaling import Fixed
+
     trace = replay_trace(replay["spec"])
     run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, capacity, Fixed(1),
-                    span_s=trace.span_s, seed=args.seed)
+                    span_s=trace.span_s, seed=seed)
     served = run.status == SERVED
-    predicted = {
-        "ttft_ms": _stats_ms(np.where(served, run.first_token_s - trace.arrival_s, np.nan)),
-        "e2e_ms": _stats_ms(np.where(served, run.finish_s - trace.arrival_s, np.nan)),
-    }
+    ttft = np.where(served, run.first_token_s - trace.arrival_s, np.nan) * 1000
+    e2e = np.where(served, run.finish_s - trace.arrival_s, np.nan) * 1000
+    predicted = {"ttft_ms": _stats_ms(ttft / 1000), "e2e_ms": _stats_ms(e2e / 1000)}
     measured = {k: {s: replay["summary"].get(k, {}).get(s) for s in STATS} for k in ("ttft_ms", "e2e_ms")}
     ratio = {k: {s: (round(predicted[k][s] / measured[k][s], 3) if measured[k][s] and predicted[k][s] is not None
                      else None) for s in STATS} for k in predicted}
-    return {"replay": str(path), "requests": len(trace), "capacity": capacity.to_json(),
-            "predicted": predicted, "measured": measured, "ratio": ratio,
-            "offered_output_tok_s": replay["summary"].get("offered_output_tok_s"),
-            "saturated_output_tok_s": round(capacity.saturated_output_tok_s(float(trace.input_tokens.mean()),
+    ok = [r for r in replay.get("requests", []) if r.get("status") == "ok"]
+    samples = {"predicted": {"ttft_ms": ttft[~np.isnan(ttft)], "e2e_ms": e2e[~np.isnan(e2e)]},
+               "measured": {"ttft_ms": np.array([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]),
+                            "e2e_ms": np.array([r["e2e_ms"] for r in ok if r.get("e2e_ms") is not None])}}
+    doc = {"replay": str(path), "requests": len(trace), "load": replay["spec"].get("load"),
+           "time_scale": replay["spec"].get("time_scale"),
+           "predicted": predicted, "measured": measured, "ratio": ratio,
+           "offered_output_tok_s": replay["summary"].get("offered_output_tok_s"),
+           "measured_output_tok_s": replay["summary"].get("throughput_tok_s"),
+           "saturated_output_tok_s": round(capacity.saturated_output_tok_s(float(trace.input_tokens.mean()),
                                                                           float(trace.output_tokens.mean())), 1)}
+    return doc, samples
+
+
+def predict_replay(args) -> dict[str, Any]:
+    if not args.bench:
+        raise BadInput("--predict-replay needs --bench FILE: the capacity bench of the server the replay ran on")
+    capacity = capacity_from_args(args)
+    paths = [Path(p) for p in args.predict_replay]
+    replays = [read_replay(p) for p in paths]            # every file checked before any simulation
+    docs, samples = [], []
+    for path, replay in zip(paths, replays):
+        doc, sample = predict_one(path, replay, capacity, args.seed)
+        docs.append(doc)
+        samples.append((f"load {doc['load']:g}" if doc["load"] else path.stem, sample))
+    data: dict[str, Any] = docs[0] if len(docs) == 1 else {"replays": docs}
+    data["capacity"] = capacity.to_json()
+    if args.plot:
+        from cost.plot import plot_prediction_cdfs
+        data["plot"] = str(plot_prediction_cdfs(args.plot, samples, capacity.source))
+    return data
 
 
 def _stats_ms(values_s) -> dict[str, float | None]:
@@ -296,7 +325,7 @@ def _stats_ms(values_s) -> dict[str, float | None]:
 # --- tables -------------------------------------------------------------------------------------
 
 def _ms(x) -> str:
-    return "—" if x is None else f"{x:,.0f}"
+    return "—" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
 def _policy_brief(row: dict[str, Any]) -> str:
@@ -357,12 +386,16 @@ def render_prediction(data: dict[str, Any]) -> None:
 
     from cost.render import console
 
-    table = Table(title=f"Predicted vs measured: {data['replay']} ({data['requests']:,} requests)")
-    for col in ("metric", "stat", "predicted ms", "measured ms", "ratio"):
-        table.add_column(col, justify="right" if col not in ("metric", "stat") else "left")
-    for metric in ("ttft_ms", "e2e_ms"):
-        for s in STATS:
-            r = data["ratio"][metric][s]
-            table.add_row(metric.replace("_ms", "").upper(), s, _ms(data["predicted"][metric][s]),
-                          _ms(data["measured"][metric][s]), "—" if r is None else f"{r:.2f}")
-    console.print(table)
+    for doc in data.get("replays", [data]):
+        load = f", offered {doc['load']:g} of capacity" if doc.get("load") else ""
+        table = Table(title=f"Predicted vs measured: {doc['replay']} ({doc['requests']:,} requests{load})")
+        for col in ("metric", "stat", "predicted ms", "measured ms", "ratio"):
+            table.add_column(col, justify="right" if col not in ("metric", "stat") else "left")
+        for metric in ("ttft_ms", "e2e_ms"):
+            for s in STATS:
+                r = doc["ratio"][metric][s]
+                table.add_row(metric.replace("_ms", "").upper(), s, _ms(doc["predicted"][metric][s]),
+                              _ms(doc["measured"][metric][s]), "—" if r is None else f"{r:.2f}")
+        console.print(table)
+    if data.get("plot"):
+        console.print(f"plot: {data['plot']}", highlight=False)

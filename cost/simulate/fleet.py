@@ -11,7 +11,6 @@ completions are exact whenever they are computed, since each replica's steps dep
 """
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable

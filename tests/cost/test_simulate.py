@@ -13,7 +13,6 @@ import pytest
 from cost.simulate.bedrock import THROTTLED, BedrockSettings, simulate_bedrock
 from cost.simulate.capacity import CapacityModel
 from cost.simulate.fleet import NO_CAPACITY, SERVED, run_fleet
-from cost.simulate.replica import BatchingReplica
 from cost.simulate.scaling import Fixed, QueueDepth, TargetTracking
 from cost.traces import AZURE_CONV_TRACE
 
