@@ -31,9 +31,10 @@ def stream_completion(handler: BaseHTTPRequestHandler, words: list[str], input_t
 
 
 @contextmanager
-def serving(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+def serving(handler: type[BaseHTTPRequestHandler],
+            server_class: type[ThreadingHTTPServer] = ThreadingHTTPServer) -> Iterator[str]:
     """The handler's server on a free port while the block lasts; yields its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server = server_class(("127.0.0.1", 0), handler)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}"

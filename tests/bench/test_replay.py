@@ -20,7 +20,7 @@ from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from standin_http import stream_completion
+from standin_http import serving, stream_completion
 
 from cost.traces import AZURE_CONV_TRACE, read_trace, spec_trace
 from options.bench import replay, runner
@@ -75,13 +75,8 @@ class BusyServer(ThreadingHTTPServer):
 def standin(delay_s: float = 0.0):
     StandIn.delay_s, StandIn.seen = delay_s, []
     StandIn.in_flight = StandIn.peak_in_flight = 0
-    server = BusyServer(("127.0.0.1", 0), StandIn)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    with serving(StandIn, BusyServer) as url:
+        yield url
 
 
 def measured_prompts() -> list[tuple[str, int]]:
