@@ -515,17 +515,23 @@ def gateway_ledger(config, month) -> tuple[list[dict], str]:
     from spectrum_gateway.store import open_store
 
     async def read():
-        store = open_store(config)
+        # Read a page at a time (the store's XRANGE ... COUNT), each page's records checked as
+        # it comes. From the month's start on, with no end: an entry is written when its
+        # request ends (or later, when a settle waited for Redis), so one of the month's may
+        # have been written after it; the bill keeps the month's by their ts_ms.
+        store, records = open_store(config), []
         try:
-            return await store.ledger(month.start_ms)
+            async for page in store.ledger_pages(month.start_ms):
+                for record in page:
+                    records.append(check_record(record, f"{config.store_name} ledger entry {len(records)}"))
+            return records
         finally:
             await store.close()
     try:
         records = asyncio.run(read())
     except GatewayError as exc:
         raise RuntimeError(exc.message) from None
-    return [check_record(r, f"{config.store} ledger entry {i}") for i, r in enumerate(records)], \
-        f"{config.store} ledger"
+    return records, f"{config.store_name} ledger"
 
 
 def cmd_bill(args):

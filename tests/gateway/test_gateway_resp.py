@@ -10,8 +10,8 @@ import uuid
 import pytest
 
 from gateway_harness import tcp_server     # (and spectrum_gateway on sys.path)
-from spectrum_gateway.resp import (_INCOMPLETE, Head, Redis, ReplyError, Script, Unreachable,
-                                   _Connection, encode, parse)
+from spectrum_gateway.resp import (INCOMPLETE, Head, Reader, Redis, ReplyError, Script,
+                                   Unreachable, _Connection, encode)
 
 
 def test_encode_and_parse_every_reply_kind_at_every_split():
@@ -25,21 +25,22 @@ def test_encode_and_parse_every_reply_kind_at_every_split():
     wire = (b"+OK\r\n-ERR wrong\r\n:42\r\n$5\r\nhe\r\no\r\n$-1\r\n$0\r\n\r\n"
             b"*3\r\n:1\r\n*2\r\n$1\r\na\r\n$-1\r\n*0\r\n*-1\r\n")
     expected = [b"OK", "ERR wrong", 42, b"he\r\no", None, b"", [1, [b"a", None], []], None]
-    replies, pos = [], 0
-    while pos < len(wire):
-        reply, pos = parse(bytearray(wire), pos)
+    reader, replies = Reader(), []
+    reader.feed(wire)
+    while (reply := reader.gets()) is not INCOMPLETE:
         replies.append(str(reply) if isinstance(reply, ReplyError) else reply)
-    assert replies == expected
-    # Every cut short of a reply's end is incomplete, never a wrong value.
+    assert replies == expected and not reader.has_data()
+    # Every cut short of a reply's end is incomplete, never a wrong value; the rest, fed
+    # after, completes it (test_gateway_resp_reference.py checks this against hiredis).
     for cut in range(len(wire)):
-        buffer, pos, got = bytearray(wire[:cut]), 0, []
-        while True:
-            reply, end = parse(buffer, pos)
-            if reply is _INCOMPLETE:
-                break
-            got.append(str(reply) if isinstance(reply, ReplyError) else reply)
-            pos = end
-        assert got == expected[:len(got)]
+        reader, got = Reader(), []
+        for piece in (wire[:cut], wire[cut:]):
+            reader.feed(piece)
+            while (reply := reader.gets()) is not INCOMPLETE:
+                got.append(str(reply) if isinstance(reply, ReplyError) else reply)
+            if piece:
+                assert got == expected[:len(got)]
+        assert got == expected
 
 
 def run(coro):

@@ -133,12 +133,16 @@ def test_the_ledger_is_trimmed_by_count_and_by_age(tmp_path, redis_server):
 def test_a_reservation_whose_reply_is_lost_is_given_back_once_redis_answers(
         tmp_path, redis_server):
     """Redis runs the reservation but its reply never arrives (cut off here by a proxy that
-    passes the command on and drops the answer): the request gets 503, and the slot it may
-    hold is settled once Redis answers again, not kept for the lease."""
+    passes the command on and drops the answer, then the connection): the request gets 503,
+    and the slot it may hold is settled once Redis answers again, not kept for the lease.
+    While the connection is open the give-back waits: the reply could still come late
+    (test_gateway_failover.py)."""
     limits = TenantLimits("lost-reply", max_concurrency=1)
     drop_replies = False
+    clients = []
 
     async def proxy(reader, writer, n):
+        clients.append(writer)
         upstream_reader, upstream_writer = await asyncio.open_connection(
             "127.0.0.1", redis_server.port)
 
@@ -170,7 +174,11 @@ def test_a_reservation_whose_reply_is_lost_is_given_back_once_redis_answers(
             with pytest.raises(StoreUnavailable, match="no reply within 300 ms"):
                 await store.reserve(limits, "lost", 10, 0.0)
             assert len(store.pending) == 1
+            await store.flush_pending()
+            assert len(store.pending) == 1          # the reply may still come: not yet
             drop_replies = False
+            clients[0].close()                      # it never will
+            await asyncio.sleep(0.2)
             taken = await store.reserve(limits, "second", 10, 0.0)    # Redis kept the first
             assert not taken.allowed and taken.reason == "concurrency"
             await store.flush_pending()                              # what upkeep does

@@ -73,20 +73,63 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "hash"}
 
 
+class Summary:
+    """Usage per (tenant, model, upstream), added to a page of the ledger at a time."""
+
+    def __init__(self) -> None:
+        self.rows: dict[tuple, dict] = {}
+
+    def add(self, entries) -> None:
+        rows = self.rows
+        for e in entries:
+            key = (e["tenant"], e.get("model"), e.get("upstream"))
+            row = rows.get(key)
+            if row is None:
+                row = rows[key] = {"tenant": key[0], "model": key[1], "upstream": key[2],
+                                   "requests": 0, "errors": 0, "input_tokens": 0,
+                                   "output_tokens": 0, "cost_usd": 0.0}
+            row["requests"] += 1
+            row["errors"] += e["status"] >= 400
+            row["input_tokens"] += e["input_tokens"]
+            row["output_tokens"] += e["output_tokens"]
+            row["cost_usd"] = round(row["cost_usd"] + e.get("cost_usd", 0.0), 8)
+
+    def result(self) -> list[dict]:
+        return list(self.rows.values())
+
+
 def summarize(entries: list[dict]) -> list[dict]:
     """Usage per (tenant, model, upstream)."""
-    rows: dict[tuple, dict] = {}
-    for e in entries:
-        key = (e["tenant"], e.get("model"), e.get("upstream"))
-        row = rows.setdefault(key, {"tenant": key[0], "model": key[1], "upstream": key[2],
-                                    "requests": 0, "errors": 0, "input_tokens": 0,
-                                    "output_tokens": 0, "cost_usd": 0.0})
-        row["requests"] += 1
-        row["errors"] += e["status"] >= 400
-        row["input_tokens"] += e["input_tokens"]
-        row["output_tokens"] += e["output_tokens"]
-        row["cost_usd"] = round(row["cost_usd"] + e.get("cost_usd", 0.0), 8)
-    return list(rows.values())
+    summary = Summary()
+    summary.add(entries)
+    return summary.result()
+
+
+async def usage(store, out, tenant: str | None, since_ms: int | None, as_json: bool) -> None:
+    """The ledger (``--json``: ``{"entries": [...], "summary": [...]}``) or its summary table,
+    read and written a page at a time: a ledger of millions of entries is never held whole."""
+    import orjson
+    summary = Summary()
+    if as_json:
+        out.write(b'{"entries": [')
+    first = True
+    async for page in store.ledger_pages(since_ms):
+        if tenant is not None:
+            page = [e for e in page if e["tenant"] == tenant]
+        if not page:
+            continue
+        summary.add(page)
+        if as_json:
+            if not first:
+                out.write(b", ")
+            out.write(orjson.dumps(page)[1:-1])      # the page's entries, without its brackets
+            first = False
+    if as_json:
+        out.write(b'], "summary": ' + orjson.dumps(summary.result()) + b"}\n")
+        out.flush()
+    else:
+        _table(summary.result(), ["tenant", "model", "upstream", "requests", "errors",
+                                  "input_tokens", "output_tokens", "cost_usd"], "Usage")
 
 
 def _table(rows: list[dict], columns: list[str], title: str) -> None:
@@ -122,13 +165,7 @@ async def run(args) -> int:
             print(json.dumps(out) if args.json else f"key {out['id']} revoked at {out['revoked_at']}")
         elif args.command == "usage":
             since = parse_since(args.since) if args.since else None
-            entries = [e for e in await store.ledger(since)
-                       if args.tenant is None or e["tenant"] == args.tenant]
-            if args.json:
-                print(json.dumps({"entries": entries, "summary": summarize(entries)}))
-            else:
-                _table(summarize(entries), ["tenant", "model", "upstream", "requests", "errors",
-                                            "input_tokens", "output_tokens", "cost_usd"], "Usage")
+            await usage(store, sys.stdout.buffer, args.tenant, since, args.json)
         return 0
     finally:
         await store.close()

@@ -32,8 +32,8 @@ from .config import GatewayConfig, Model, TenantLimits, load_config
 from .errors import GatewayError, error_body
 from .routing import Replicas, attempts
 from .store import open_store
-from .upstream import (OpenAIUpstreams, StreamBroken, StreamTimeout, UpstreamFailure,
-                       carries_usage, event_json, split_events)
+from .upstream import (OpenAIUpstreams, StreamBroken, StreamRefused, StreamTimeout,
+                       UpstreamFailure, carries_usage, event_json, split_events)
 
 CONFIG_ENV = "SPECTRUM_GATEWAY_CONFIG"
 # An upstream's body ends right after its [DONE]; one that does not is not waited on for the
@@ -376,7 +376,8 @@ class Gateway:
                                                      replicas.names[index], replicas.urls[index])
             except UpstreamFailure as e:
                 release()
-                if e.status != 429:         # over its own quota is busy, not broken
+                # Over its own quota (429), or at the gateway's max_connections: busy, not broken.
+                if e.status != 429 and e.kind != "busy":
                     replicas.eject(index, time.monotonic())
                 log.warning("replica %s", e)
                 if failure is not None:
@@ -409,6 +410,9 @@ class Gateway:
         except StreamTimeout:
             raise GatewayError(504, f"upstream {call.upstream.name} timed out while answering",
                                "upstream_timeout", headers)
+        except StreamRefused as e:
+            raise GatewayError(502, f"upstream {call.upstream.name}'s answer was refused: {e}",
+                               "upstream_failed", headers)
         except StreamBroken as e:
             raise GatewayError(502, f"upstream {call.upstream.name} broke off its answer ({e})",
                                "upstream_failed", headers)

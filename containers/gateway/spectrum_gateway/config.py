@@ -15,6 +15,9 @@ from typing import Any
 
 import yaml
 
+from .http1 import (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_ERROR_BODY_BYTES,
+                    DEFAULT_MAX_HEADER_BYTES, parse_proxy, tls_context)
+
 # SageMaker's real-time payload limit: a body the slowest rung would refuse is refused here.
 DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 # Tokens reserved for a request that names no max_tokens (refunded after, as every reservation).
@@ -34,6 +37,9 @@ DEFAULT_LEDGER_MAX_ENTRIES = 5_000_000
 DEFAULT_LEDGER_RETENTION_DAYS = 62.0
 # How long a Redis concurrency slot lives without its worker renewing it (see quota.py).
 DEFAULT_CONCURRENCY_LEASE_S = 30.0
+# What the upstream client takes (http1.py): a head smaller than this cannot hold a server's
+# usual headers, so a lower limit would only refuse good answers.
+MIN_MAX_HEADER_BYTES = 1024
 
 
 class ConfigError(ValueError):
@@ -71,6 +77,16 @@ class Upstream:
     sagemaker: dict | None = None          # {endpoint, dialect?, region?, endpoint_url?}
     usd_per_mtok_input: float = 0.0        # prices for the monthly budget and the ledger
     usd_per_mtok_output: float = 0.0
+    # How the HTTP client reaches it (http1.UpstreamOptions): an http:// proxy (None: the
+    # environment's), the CA file to verify it against, a client certificate and its key.
+    proxy: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    # ... and how much it takes from it (the global upstream_max_* unless set here).
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    max_error_body_bytes: int = DEFAULT_MAX_ERROR_BODY_BYTES
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def kind(self) -> str:
@@ -111,6 +127,15 @@ class JwtSettings:
 
 
 @dataclass(frozen=True)
+class StoreOptions:
+    """How to reach a Redis store beyond its URL (``store: {url: ..., ...}`` in the file)."""
+    ca_file: str | None = None         # rediss://: the CA its certificate must chain to
+    password_env: str | None = None    # a variable holding the password or IAM auth token
+    password_file: str | None = None   # a file holding it, re-read when it changes
+    serverless: bool = False           # ElastiCache Serverless: TLS, database 0 only
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     path: Path
     store: str                              # "memory" or "redis://host:port/db"
@@ -129,6 +154,11 @@ class GatewayConfig:
     ledger_max_entries: int = DEFAULT_LEDGER_MAX_ENTRIES
     ledger_retention_days: float = DEFAULT_LEDGER_RETENTION_DAYS
     concurrency_lease_s: float = DEFAULT_CONCURRENCY_LEASE_S
+    store_options: StoreOptions = StoreOptions()    # (store: {url: ..., ca_file: ...})
+    # Every HTTP upstream's limits unless it sets its own (max_header_bytes, ...).
+    upstream_max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES
+    upstream_max_error_body_bytes: int = DEFAULT_MAX_ERROR_BODY_BYTES
+    upstream_max_connections: int = DEFAULT_MAX_CONNECTIONS
 
     @property
     def uses_redis(self) -> bool:
@@ -155,13 +185,27 @@ class GatewayConfig:
 TOP_KEYS = {"store", "state_dir", "secret_file", "jwt", "tenants", "models", "max_body_bytes",
             "connect_timeout_s", "upstream_timeout_s", "store_connect_timeout_ms",
             "store_command_timeout_ms", "ledger_max_entries", "ledger_retention_days",
-            "concurrency_lease_s"}
+            "concurrency_lease_s", "upstream_max_header_bytes", "upstream_max_error_body_bytes",
+            "upstream_max_connections"}
 TENANT_KEYS = {"rpm", "tpm", "max_concurrency", "budget_usd_month", "models"}
 MODEL_KEYS = {"upstreams", "tenants", "fallback", "default_max_tokens", "priority"}
 UPSTREAM_KEYS = {"name", "url", "urls", "weight", "model", "api_key_env", "bedrock", "sagemaker",
-                 "usd_per_mtok_input", "usd_per_mtok_output", "balance", "load_bound", "load_floor", "eject_s"}
+                 "usd_per_mtok_input", "usd_per_mtok_output", "balance", "load_bound", "load_floor", "eject_s",
+                 "proxy", "ca_file", "cert_file", "key_file", "max_header_bytes",
+                 "max_error_body_bytes", "max_connections"}
+# An upstream's keys that say how the HTTP client reaches it and what it takes from it.
+HTTP_CLIENT_KEYS = ("proxy", "ca_file", "cert_file", "key_file", "max_header_bytes",
+                    "max_error_body_bytes", "max_connections")
+# An upstream's TLS files, and what each should hold.
+TLS_FILES = {"ca_file": "the PEM CA certificates to verify the upstream against",
+             "cert_file": "the gateway's client certificate, PEM",
+             "key_file": "the client certificate's private key, PEM"}
+# The limits, each with its global key and the least it may be.
+UPSTREAM_LIMITS = {"max_header_bytes": MIN_MAX_HEADER_BYTES, "max_error_body_bytes": 1,
+                   "max_connections": 1}
 PRIORITY_KEYS = {"later_steps_first", "session_ttl_s"}
 JWT_KEYS = {"jwks_file", "jwks_url", "issuer", "audience", "tenant_claim"}
+STORE_KEYS = {"url", "ca_file", "password_env", "password_file", "serverless"}
 BEDROCK_KEYS = {"model_id", "region", "endpoint_url"}
 SAGEMAKER_KEYS = {"endpoint", "dialect", "region", "endpoint_url"}
 # The bodies a SageMaker endpoint may speak (options/contract.py's dialects).
@@ -258,11 +302,8 @@ def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> Gatew
     raw = check.mapping("", raw, required=True) if raw is not None else {}
     check.keys("", raw, TOP_KEYS)
 
-    store = raw.get("store", "memory")
-    if not (store == "memory" or (isinstance(store, str) and re.match(r"^rediss?://[^/\s]+(/\d+)?$", store))):
-        check.error("store", f"{store!r} is not a store; use 'memory' (one process) or "
-                             "'redis://HOST:PORT/DB' (shared by workers and replicas)")
     base = path.parent
+    store, store_options = _store(check, raw.get("store", "memory"), base)
     state_dir = Path(raw.get("state_dir") or base / f"{path.stem}.state")
     if not state_dir.is_absolute():
         state_dir = base / state_dir
@@ -293,9 +334,15 @@ def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> Gatew
                                           integer=False, minimum=0),
             models=tuple(models))
 
+    # Every HTTP upstream's limits, unless it sets its own.
+    limits = {key: check.number(f"upstream_{key}", raw.get(f"upstream_{key}"), integer=True,
+                                minimum=least)
+              for key, least in UPSTREAM_LIMITS.items()}
+    limits = {key: value for key, value in limits.items() if value is not None}
+
     models = {}
     for name, value in check.mapping("models", raw.get("models")).items():
-        models[str(name)] = _model(check, str(name), value, tenants)
+        models[str(name)] = _model(check, str(name), value, tenants, limits, base)
     if not models:
         check.error("models", "no models: add at least one under models: with its upstreams")
 
@@ -333,12 +380,77 @@ def config_from_dict(raw: Any, path: Path, lines: _Lines | None = None) -> Gatew
         raise ConfigError("the gateway config has errors:\n  " +
                           "\n  ".join(m for _, m in sorted(check.errors)))
     return GatewayConfig(
-        path=path, store=store, state_dir=state_dir, secret_file=secret_file, tenants=tenants,
+        path=path, store=store, store_options=store_options, state_dir=state_dir, secret_file=secret_file, tenants=tenants,
         models=models, jwt=jwt, max_body_bytes=max_body or DEFAULT_MAX_BODY_BYTES,
-        **{k: v for k, v in numbers.items() if v is not None})
+        **{k: v for k, v in numbers.items() if v is not None},
+        **{f"upstream_{k}": v for k, v in limits.items()})
 
 
-def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
+def _store(check: _Checker, value, base: Path) -> tuple[str, StoreOptions]:
+    """``store``: ``memory``, a Redis URL, or a mapping of the URL (``url``) and how to reach
+    it (``STORE_KEYS``)."""
+    where, raw = "store", {}
+    if isinstance(value, dict):
+        raw, where = value, "store.url"
+        check.keys("store", raw, STORE_KEYS)
+        value = raw.get("url")
+    if not (value == "memory" or (isinstance(value, str)
+                                  and re.match(r"^rediss?://[^/\s]+(/\d+)?$", value))):
+        check.error(where, f"{value!r} is not a store; use 'memory' (one process) or "
+                           "'redis://HOST:PORT/DB' (shared by workers and replicas)")
+        return "memory", StoreOptions()
+    options = {k: raw[k] for k in sorted(STORE_KEYS - {"url"}) if k in raw}
+    if value == "memory":
+        for key in options:
+            check.error(f"store.{key}", "applies to a Redis store (url: redis://...), not to memory")
+        return value, StoreOptions()
+    tls = value.startswith("rediss://")
+    db = int(value.rsplit("/", 1)[1]) if re.search(r"/\d+$", value) else 0
+    has_password = re.match(r"^rediss?://[^/@]*:[^/@]*@", value) is not None
+    for key in ("ca_file", "password_env", "password_file"):
+        if check.string(f"store.{key}", options.get(key)) is None:
+            options.pop(key, None)
+
+    def path_of(name: str) -> str:
+        return name if Path(name).is_absolute() else str(base / name)
+    ca_file = options.get("ca_file")
+    if ca_file is not None:
+        ca_file = path_of(ca_file)
+        if not tls:
+            check.error("store.ca_file", f"the store URL {value!r} is not TLS: write rediss:// "
+                                         "for the CA file to be used")
+        elif not Path(ca_file).is_file():
+            check.error("store.ca_file", f"{ca_file!r} is not a file (it should be the PEM CA "
+                                         "certificate that signed the server's)")
+    sources = [k for k in ("password_env", "password_file") if k in options]
+    if len(sources) + has_password > 1:
+        check.error(f"store.{sources[-1]}", "give the password one way: in the URL, "
+                                            "password_env or password_file")
+    password_env = options.get("password_env")
+    if password_env is not None and password_env not in os.environ:
+        check.error("store.password_env", f"the variable {password_env!r} is not set (it should "
+                                          "hold the Redis password or IAM auth token)")
+    password_file = options.get("password_file")
+    if password_file is not None:
+        password_file = path_of(password_file)
+        if not os.access(password_file, os.R_OK):
+            check.error("store.password_file", f"{password_file!r} is not a readable file (it "
+                                               "should hold the Redis password or IAM auth token)")
+    serverless = options.get("serverless", False)
+    if not isinstance(serverless, bool):
+        check.error("store.serverless", f"must be true or false, got {serverless!r}")
+        serverless = False
+    if serverless and db != 0:
+        check.error(where, f"database {db}: ElastiCache Serverless has only database 0; end "
+                           "the URL with /0")
+    if serverless and not tls:
+        check.error(where, "ElastiCache Serverless speaks only TLS: write rediss://")
+    return value, StoreOptions(ca_file=ca_file, password_env=password_env,
+                               password_file=password_file, serverless=serverless)
+
+
+
+def _model(check: _Checker, name: str, value, tenants: dict, limits: dict, base: Path) -> Model:
     key = f"models.{name}"
     value = check.mapping(key, value, required=True)
     check.keys(key, value, MODEL_KEYS)
@@ -369,6 +481,7 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
             if replica_key in u and not urls:
                 check.error(f"{ukey}.{replica_key}", "applies to replicas of an OpenAI-compatible "
                                                      "upstream (url or urls), not to a managed one")
+        http_client = _http_client(check, ukey, u, urls, limits, base)
         for kind, known, required in (("bedrock", BEDROCK_KEYS, "model_id"),
                                       ("sagemaker", SAGEMAKER_KEYS, "endpoint")):
             if u.get(kind) is not None:
@@ -396,7 +509,8 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
             usd_per_mtok_input=check.number(f"{ukey}.usd_per_mtok_input",
                                             u.get("usd_per_mtok_input", 0), integer=False) or 0.0,
             usd_per_mtok_output=check.number(f"{ukey}.usd_per_mtok_output",
-                                             u.get("usd_per_mtok_output", 0), integer=False) or 0.0))
+                                             u.get("usd_per_mtok_output", 0), integer=False) or 0.0,
+            **http_client))
     names = [u.name for u in upstreams]
     if upstreams and sum(u.weight for u in upstreams) <= 0:
         check.error(f"{key}.upstreams", "the weights sum to 0, so no upstream would get traffic; "
@@ -427,6 +541,53 @@ def _model(check: _Checker, name: str, value, tenants: dict) -> Model:
                  fallback=tuple(str(f) for f in fallback),
                  default_max_tokens=max_tokens or DEFAULT_MAX_TOKENS,
                  priority=_priority(check, f"{key}.priority", value.get("priority")))
+
+
+def _http_client(check: _Checker, ukey: str, u: dict, urls: list[str], limits: dict,
+                 base: Path) -> dict:
+    """An HTTP upstream's proxy, TLS files and limits (the global ``upstream_max_*`` where it
+    sets none), checked as the client will use them: the proxy parsed, the TLS files loaded."""
+    out = {}
+    for key in HTTP_CLIENT_KEYS:
+        if key in u and not urls:
+            check.error(f"{ukey}.{key}", "applies to an OpenAI-compatible upstream (url or urls), "
+                                         "not to a managed one")
+    for key, least in UPSTREAM_LIMITS.items():
+        value = check.number(f"{ukey}.{key}", u.get(key, limits.get(key)), integer=True,
+                             minimum=least)
+        if value is not None:
+            out[key] = value
+    proxy = check.string(f"{ukey}.proxy", u.get("proxy"))
+    if proxy:
+        try:
+            parse_proxy(proxy, "proxy")
+            out["proxy"] = proxy
+        except ValueError as e:
+            check.error(f"{ukey}.proxy", str(e))
+    files = {}
+    for key in TLS_FILES:
+        path = check.string(f"{ukey}.{key}", u.get(key))
+        if path is None:
+            continue
+        if not Path(path).is_absolute():
+            path = str(base / path)
+        if not Path(path).is_file():
+            check.error(f"{ukey}.{key}", f"{path!r} is not a file (it should be {TLS_FILES[key]})")
+            continue
+        files[key] = path
+    named = sum(u.get(k) is not None for k in TLS_FILES)
+    if files and len(files) == named:        # (a missing file is named above already)
+        if urls and not any(url.startswith("https://") for url in urls):
+            check.error(f"{ukey}.{next(iter(files))}", "applies to https:// URLs; this upstream's "
+                        "are http://, which has no TLS to verify or authenticate")
+        else:
+            try:
+                tls_context(**files)
+                out.update(files)
+            except ValueError as e:       # the message begins with the file's key
+                culprit = str(e).split(" ", 1)[0]
+                check.error(f"{ukey}.{culprit if culprit in files else next(iter(files))}", str(e))
+    return out
 
 
 def _urls(check: _Checker, ukey: str, u: dict) -> list[str]:

@@ -20,20 +20,30 @@ import logging
 import os
 import time
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 from pathlib import Path
 
+import orjson
+
 from . import meter
-from .config import GatewayConfig, TenantLimits
-from .errors import StoreUnavailable
+from .config import ConfigError, GatewayConfig, TenantLimits
+from .errors import GatewayError, StoreUnavailable
 from .quota import Decision, MemoryQuota, RedisQuota
-from .resp import Head, Redis, ReplyError, Script, Unreachable
+from .resp import (UNKNOWN, Head, Misconfigured, PasswordFile, Redis, ReplyError, Script,
+                   Unreachable)
 
 PREFIX = "spectrum"
 KEYS_RELOAD_S = 0.25     # the memory store re-reads keys.json at most this often
 KEY_CACHE_S = 0.5        # a Redis worker trusts a key record this long: revocations land within it
 UPKEEP_TICK_S = 0.5      # a worker retries its unfinished settles this often while Redis is away
 LEDGER_TRIM_EVERY_S = 60  # each worker trims the ledger to its retention this often
+IDLE_PING_S = 2.0        # a worker PINGs Redis when it has heard nothing from it this long
 PENDING_MAX = 100_000    # settles kept for retry while Redis is away (the oldest dropped beyond)
+# The ledger is read a page at a time (XRANGE ... COUNT), each page continuing after the last
+# id of the one before: one XRANGE of millions of entries would make Redis build one reply of
+# hundreds of MB (blocking every worker meanwhile) and the reader hold all of it at once.
+LEDGER_PAGE_ENTRIES = 10_000
+LEDGER_PAGE_TIMEOUT_S = 30.0   # a page is ~4 MB: far longer than a request's command may take
 SESSIONS_MAX = 1_000_000  # sessions the memory store remembers (least recently seen dropped)
 log = logging.getLogger("spectrum_gateway")
 
@@ -54,6 +64,10 @@ class Sessions:
             count = 0
         self._seen[key] = (count + 1, now + ttl_s)
         return count
+
+
+def _within(ts_ms: int, since_ms: int | None, until_ms: int | None) -> bool:
+    return (since_ms is None or ts_ms >= since_ms) and (until_ms is None or ts_ms < until_ms)
 
 
 def open_store(config: GatewayConfig):
@@ -144,16 +158,27 @@ class MemoryStore:
     async def metric_counters(self) -> dict[str, float]:
         return dict(self.counters)
 
-    async def ledger(self, since_ms: int | None = None) -> list[dict]:
+    async def ledger_pages(self, since_ms: int | None = None, until_ms: int | None = None,
+                           page_entries: int = LEDGER_PAGE_ENTRIES):
+        """The entries from ``since_ms`` (included) to ``until_ms`` (not), oldest first, in
+        lists of up to ``page_entries``: the file is read a line at a time."""
         if not self.ledger_path.exists():
-            return []
-        out = []
-        for line in self.ledger_path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                entry = json.loads(line)
-                if since_ms is None or entry["ts_ms"] >= since_ms:
-                    out.append(entry)
-        return out
+            return
+        page = []
+        with open(self.ledger_path, encoding="utf-8") as lines:
+            for line in lines:
+                if line.strip():
+                    entry = orjson.loads(line)
+                    if _within(entry["ts_ms"], since_ms, until_ms):
+                        page.append(entry)
+                        if len(page) >= page_entries:
+                            yield page
+                            page = []
+        if page:
+            yield page
+
+    async def ledger(self, since_ms: int | None = None, until_ms: int | None = None) -> list[dict]:
+        return [entry async for page in self.ledger_pages(since_ms, until_ms) for entry in page]
 
     async def ping(self) -> None:
         return None
@@ -182,14 +207,78 @@ def _flat(increments: dict) -> list:
     return [item for pair in increments.items() for item in pair]
 
 
+@dataclass
+class Settle:
+    """The end of a request as Redis must record it, in up to three parts: ``settle`` (its
+    slot freed and its reservation corrected: ``limits``), ``entry`` (its ledger entry) and
+    ``count`` (its counters). Kept while Redis has not taken all of it. ``outcome`` and
+    ``sent``: the late replies of a round trip that timed out and the parts it carried
+    (``("reserve",)``: the reservation to give back, whose reply was lost)."""
+    limits: TenantLimits | None
+    request_id: str
+    tokens_delta: int
+    cost_delta_usd: float
+    entry: dict | None
+    increments: dict
+    outcome: asyncio.Future | None = None
+    sent: tuple = ()
+
+    def parts(self) -> list[str]:
+        return [part for part, present in (("settle", self.limits is not None),
+                                           ("entry", self.entry is not None),
+                                           ("count", bool(self.increments))) if present]
+
+    def keep(self, parts, outcome=None, also=()) -> "Settle":
+        """Only ``parts`` and ``also``; ``outcome``, if given, the fate of ``parts``."""
+        kept = set(parts) | set(also)
+        return Settle(self.limits if "settle" in kept else None, self.request_id,
+                      self.tokens_delta, self.cost_delta_usd,
+                      self.entry if "entry" in kept else None,
+                      self.increments if "count" in kept else {},
+                      outcome, tuple(parts) if outcome is not None else ())
+
+    def resolved(self) -> "Settle | None":
+        """What is left to send once ``outcome`` is done: the parts its replies say did not
+        run (an error reply), those whose reply never came (UNKNOWN) and those it did not
+        carry."""
+        replies = self.outcome.result()
+        if self.sent == ("reserve",):      # not run: nothing was reserved to give back
+            return None if isinstance(replies[0], ReplyError) else self.keep(self.parts())
+        left = [part for part in self.parts() if part not in self.sent
+                or replies[self.sent.index(part)] is UNKNOWN
+                or isinstance(replies[self.sent.index(part)], ReplyError)]
+        return self.keep(left) if left else None
+
+
+class StoreMisconfigured(StoreUnavailable, ConfigError):
+    """Redis refuses how the config says to use it: 503 to a request (as any store that will
+    not serve), a config error (exit 2) to ``admin``, and a failed start to ``serve``."""
+
+    def __init__(self, store: str, why: str) -> None:
+        GatewayError.__init__(self, 503, f"the gateway's store {store} refuses its configuration: "
+                                         f"{why}", "store_misconfigured", {"Retry-After": "1"})
+
+
+class NotTaken(StoreUnavailable):
+    """Redis did not take, or may not have taken, all of a settle: ``remaining`` is the rest."""
+
+    def __init__(self, cause: StoreUnavailable, remaining: Settle) -> None:
+        GatewayError.__init__(self, cause.status, cause.message, cause.code, cause.headers)
+        self.remaining = remaining
+
+
 class RedisStore:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.name = config.store_name
         # One pipelined connection, no retries: an unreachable store answers 503 within the
         # connect timeout, and the next request connects again.
+        options = config.store_options
         self.redis = Redis(config.store, config.store_connect_timeout_ms / 1000,
-                           config.store_command_timeout_ms / 1000)
+                           config.store_command_timeout_ms / 1000, ca_file=options.ca_file,
+                           password=os.environ.get(options.password_env) if options.password_env
+                           else PasswordFile(options.password_file) if options.password_file
+                           else None)
         self.quota = RedisQuota(self.redis, PREFIX, int(config.concurrency_lease_s * 1000))
         self.keys_key = f"{PREFIX}:keys"
         self.ledger_key = f"{PREFIX}:ledger"
@@ -203,13 +292,29 @@ class RedisStore:
         # and the settles Redis did not take, retried until it does (see upkeep).
         self.held: dict[str, str] = {}
         self.pending: deque = deque(maxlen=PENDING_MAX)
+        self.kept: set = set()        # ids of the requests whose settles are in pending
         self._upkeep_task = None
 
+    def _unavailable(self, error: Exception) -> StoreUnavailable:
+        if isinstance(error, Misconfigured):
+            return StoreMisconfigured(self.name, str(error))
+        if isinstance(error, Unreachable):
+            return StoreUnavailable(self.name, str(error))
+        return StoreUnavailable(self.name, f"it answered {str(error)[:120]!r}: the command did "
+                                           "not run, and will once Redis takes commands again")
+
     async def _call(self, coro):
+        """The store's own Redis call: no answer, or an answer that says the command did not
+        run because the server cannot take it now (a replica after a failover, a server
+        loading its data), is ``StoreUnavailable`` (503 with Retry-After)."""
         try:
             return await coro
         except Unreachable as e:
-            raise StoreUnavailable(self.name, str(e)) from None
+            raise self._unavailable(e) from None
+        except ReplyError as e:
+            if e.unavailable:
+                raise self._unavailable(e) from None
+            raise
 
     async def get_key(self, key_id: str) -> dict | None:
         now = time.monotonic()
@@ -239,9 +344,15 @@ class RedisStore:
         except Unreachable as e:
             if e.sent:
                 # Redis may have taken the slot and only its reply was lost: give it back
-                # once Redis answers (settling a slot that was never taken does nothing).
-                self.pending.append((limits, request_id, -tokens, -cost_usd, None, {}))
-            raise StoreUnavailable(self.name, str(e)) from None
+                # once Redis answers (settling a slot that was never taken does nothing),
+                # and, while that reply may still come, once it has or never will.
+                self._keep(Settle(limits, request_id, -tokens, -cost_usd, None, {},
+                                  e.outcome, ("reserve",) if e.outcome else ()), metered=False)
+            raise self._unavailable(e) from None
+        except ReplyError as e:           # not run: nothing to give back
+            if e.unavailable:
+                raise self._unavailable(e) from None
+            raise
         if decision.allowed:
             self.held[request_id] = limits.name
         return decision
@@ -252,49 +363,94 @@ class RedisStore:
         retried until it answers (so the slot is freed and the request metered then), and
         StoreUnavailable raised; the slot's lease frees it anyway if this worker dies."""
         self.held.pop(request_id, None)
+        if request_id in self.kept:
+            # Its first settle is kept and will land: a request is metered once. (A whole
+            # answer whose settle Redis did not take is answered 503, and the gateway then
+            # settles it again as that 503; the first, with the upstream's usage, stands.)
+            return
         try:
-            await self._finish(limits, request_id, tokens_delta, cost_delta_usd, entry, increments)
-        except StoreUnavailable:
+            await self._finish(Settle(limits, request_id, tokens_delta, cost_delta_usd, entry,
+                                      increments))
+        except NotTaken as e:
             if limits is not None:    # admitted, so it must be metered (a refusal need not)
-                self.pending.append((limits, request_id, tokens_delta, cost_delta_usd, entry,
-                                     increments))
+                self._keep(e.remaining)
             raise
 
+    def _keep(self, settle: Settle, metered: bool = True) -> None:
+        """Keep ``settle`` to retry (``metered``: a request's own, not a give-back)."""
+        if len(self.pending) == self.pending.maxlen:     # the oldest goes
+            self.kept.discard(self.pending.popleft().request_id)
+        self.pending.append(settle)
+        if metered:
+            self.kept.add(settle.request_id)
+
     async def flush_pending(self) -> None:
-        """Settle what Redis did not take, oldest first; StoreUnavailable if it still won't."""
-        while self.pending:
-            await self._finish(*self.pending[0])
-            self.pending.popleft()
+        """Settle what Redis did not take, oldest first; StoreUnavailable if it still won't.
+        A settle whose round trip timed out is not sent again until that round trip's late
+        replies say what Redis did with it (or its connection gives up waiting for them):
+        a server that was only slow runs what it had read, so a retry sent meanwhile would
+        meter the request twice."""
+        waiting = []
+        try:
+            while self.pending:
+                settle = self.pending.popleft()
+                if settle.outcome is not None:
+                    if not settle.outcome.done():
+                        waiting.append(settle)
+                        continue
+                    left = settle.resolved()
+                    if left is None:
+                        self.kept.discard(settle.request_id)
+                        continue
+                    settle = left
+                try:
+                    await self._finish(settle)
+                except NotTaken as e:
+                    self.pending.appendleft(e.remaining)
+                    raise
+                except BaseException:
+                    self.pending.appendleft(settle)
+                    raise
+                self.kept.discard(settle.request_id)
+        finally:
+            self.pending.extendleft(reversed(waiting))
 
-    async def _finish(self, limits, request_id, tokens_delta, cost_delta_usd, entry,
-                      increments) -> None:
-        async def run():
-            # One round trip: the settle script, the ledger entry, the counters' script, the
-            # scripts by their SHA. One that a restarted Redis lost goes again with its source
-            # (the rest of the pipeline has run by then).
-            commands, scripts = [], {}      # scripts: index → (script, keys, args)
-
-            def add_script(script, keys, args):
-                scripts[len(commands)] = script, keys, args
+    async def _finish(self, settle: Settle) -> None:
+        """One round trip: the settle script, the ledger entry, the counters' script (the
+        scripts by their SHA; one that a restarted or promoted Redis does not know goes again
+        with its source). ``NotTaken`` says what of it Redis did not take, or may not have."""
+        parts = settle.parts()
+        commands, scripts = [], {}            # scripts: part → (script, keys, args)
+        for part in parts:
+            if part == "settle":
+                script, keys, args = scripts[part] = self.quota.settle_call(
+                    settle.limits, settle.request_id, settle.tokens_delta, settle.cost_delta_usd)
                 commands.append(script.by_sha(keys, args))
-            if limits is not None:
-                add_script(*self.quota.settle_call(limits, request_id, tokens_delta,
-                                                   cost_delta_usd))
-            if entry is not None:     # bounded: ~ trims whole stream nodes, so it is cheap
-                commands.append((self._ledger_head, meter.ledger_json(entry)))
-            if increments:
-                add_script(self._count, [self.metrics_key], _flat(increments))
-            replies = await self.redis.pipeline(commands)
-            lost = [i for i, reply in enumerate(replies)
-                    if isinstance(reply, ReplyError) and reply.no_script and i in scripts]
-            if lost:
-                replies = [reply for i, reply in enumerate(replies) if i not in lost]
-                replies += await self.redis.pipeline(
-                    [script.whole(keys, args) for script, keys, args in map(scripts.get, lost)])
-            for reply in replies:
-                if isinstance(reply, ReplyError):
-                    raise reply
-        await self._call(run())
+            elif part == "entry":         # bounded: ~ trims whole stream nodes, so it is cheap
+                commands.append((self._ledger_head, meter.ledger_json(settle.entry)))
+            else:
+                script, keys, args = scripts[part] = (self._count, [self.metrics_key],
+                                                      _flat(settle.increments))
+                commands.append(script.by_sha(keys, args))
+        try:
+            replies = dict(zip(parts, await self.redis.pipeline(commands)))
+        except Unreachable as e:
+            raise NotTaken(self._unavailable(e), settle.keep(parts, e.outcome)) from None
+        again = [part for part in parts if part in scripts
+                 and isinstance(replies[part], ReplyError) and replies[part].no_script]
+        if again:
+            try:
+                replies.update(zip(again, await self.redis.pipeline(
+                    [scripts[part][0].whole(*scripts[part][1:]) for part in again])))
+            except Unreachable as e:
+                failed = [p for p in parts if p not in again and isinstance(replies[p], ReplyError)]
+                raise NotTaken(self._unavailable(e), settle.keep(again, e.outcome, failed)) from None
+        failed = [part for part in parts if isinstance(replies[part], ReplyError)]
+        for part in failed:
+            if not replies[part].unavailable:
+                raise replies[part]            # a bug, not an outage: loud, as before
+        if failed:
+            raise NotTaken(self._unavailable(replies[failed[0]]), settle.keep(failed))
 
     async def count(self, increments: dict) -> None:
         await self._call(self._count.run(self.redis, [self.metrics_key], _flat(increments)))
@@ -304,26 +460,48 @@ class RedisStore:
         every worker and replica; the count expires ``ttl_s`` after the last request."""
         key = f"{PREFIX}:session:{{{tenant}}}:{session}"
 
-        count, _ = await self._call(self.redis.pipeline([("INCR", key),
-                                                          ("PEXPIRE", key, int(ttl_s * 1000))]))
-        if isinstance(count, ReplyError):
-            raise count
-        return count - 1
+        async def run():
+            count, _ = await self.redis.pipeline([("INCR", key), ("PEXPIRE", key, int(ttl_s * 1000))])
+            if isinstance(count, ReplyError):
+                raise count
+            return count
+        return await self._call(run()) - 1
 
     async def metric_counters(self) -> dict[str, float]:
         flat = await self._call(self.redis.command("HGETALL", self.metrics_key))
         return {k.decode(): float(v) for k, v in zip(flat[::2], flat[1::2])}
 
-    async def ledger(self, since_ms: int | None = None) -> list[dict]:
+    async def ledger_pages(self, since_ms: int | None = None, until_ms: int | None = None,
+                           page_entries: int = LEDGER_PAGE_ENTRIES):
+        """The entries from ``since_ms`` (included) to ``until_ms`` (not), oldest first, in
+        lists of up to ``page_entries``: one ``XRANGE key start end COUNT n`` per page, the
+        next starting just after the last id read (``(id``, Redis 6.2 and later). An entry
+        written twice (a settle retried after its reply was lost) is given once."""
         start = f"{since_ms}-0" if since_ms is not None else "-"
-        rows = await self._call(self.redis.command("XRANGE", self.ledger_key, start, "+"))
-        entries, seen = [], set()
-        for _, fields in rows:     # a settle retried after a lost reply may have written twice
-            entry = json.loads(dict(zip(fields[::2], fields[1::2]))[b"e"])
-            if entry.get("request_id") not in seen:
-                seen.add(entry.get("request_id"))
-                entries.append(entry)
-        return entries
+        end = "+" if until_ms is None else str(until_ms - 1)   # ms alone: that ms's last id
+        if until_ms is not None and since_ms is not None and until_ms <= since_ms:
+            return
+        seen = set()
+        while True:
+            rows = await self._call(self.redis.command(
+                "XRANGE", self.ledger_key, start, end, "COUNT", page_entries,
+                timeout_s=max(LEDGER_PAGE_TIMEOUT_S, self.redis.command_timeout_s)))
+            page = []
+            for _, fields in rows:
+                raw = fields[1] if fields[0] == b"e" else dict(zip(fields[::2], fields[1::2]))[b"e"]
+                entry = orjson.loads(raw)
+                request_id = entry.get("request_id")
+                if request_id not in seen:
+                    seen.add(request_id)
+                    page.append(entry)
+            if page:
+                yield page
+            if len(rows) < page_entries:
+                return
+            start = b"(" + rows[-1][0]
+
+    async def ledger(self, since_ms: int | None = None, until_ms: int | None = None) -> list[dict]:
+        return [entry async for page in self.ledger_pages(since_ms, until_ms) for entry in page]
 
     async def trim_ledger(self) -> int:
         """Drop ledger entries older than ``ledger_retention_days``; how many went."""
@@ -340,6 +518,8 @@ class RedisStore:
             await asyncio.sleep(UPKEEP_TICK_S)
             now = time.monotonic()
             try:
+                await self._call(self.redis.reauthenticate())
+                await self._call(self.redis.ping_if_idle(IDLE_PING_S))
                 await self.flush_pending()
                 if self.held and now - renewed >= lease_s / 3:
                     by_tenant: dict[str, list] = {}
@@ -364,6 +544,8 @@ class RedisStore:
         a store that is down is no reason not to start (``/readyz`` says so)."""
         try:
             await self.redis.connect()
+        except Misconfigured as e:     # no point serving 503s until someone edits the config
+            raise StoreMisconfigured(self.name, str(e)) from None
         except Unreachable:       # requests will say so, with a 503
             pass
         if self._upkeep_task is None:

@@ -20,7 +20,7 @@ from .config import GatewayConfig, Upstream
 @dataclass
 class UpstreamFailure(Exception):
     upstream: str
-    kind: str            # "refused", "timeout", "status"
+    kind: str            # "refused", "timeout", "status", "busy" (at its max_connections)
     detail: str
     status: int | None = None
 
@@ -40,6 +40,11 @@ class StreamTimeout(StreamBroken):
     """The upstream sent nothing for ``upstream_timeout_s`` in the middle of its answer."""
 
 
+class StreamRefused(StreamBroken):
+    """The upstream's answer broke a rule the gateway keeps (``http1.AnswerRefused``: over a
+    limit, a coding it does not decode), so it was not read on."""
+
+
 class HttpResponse:
     """An upstream's HTTP answer, headers read and body not yet: ``aread`` or ``pump`` it,
     then ``aclose`` (which drops the connection if the body was not read to its end, so
@@ -55,11 +60,16 @@ class HttpResponse:
 
     @staticmethod
     def _broken(e: http1.ReadFailed) -> StreamBroken:
+        if isinstance(e, http1.AnswerRefused):
+            return StreamRefused(str(e))
         return StreamTimeout(str(e)) if e.timed_out else StreamBroken(str(e))
 
     async def aread(self) -> bytes:
+        """The whole body; an error answer's only up to the upstream's
+        ``max_error_body_bytes`` (``StreamRefused`` past it)."""
+        limit = self._response.max_error_body_bytes if self.status_code >= 400 else None
         try:
-            return await self._response.read()
+            return await self._response.read(limit)
         except http1.ReadFailed as e:
             raise self._broken(e) from None
 
@@ -96,6 +106,25 @@ class OpenAIUpstreams:
     def __init__(self, config: GatewayConfig) -> None:
         self.config = config
         self.pool = http1.Pool(config.connect_timeout_s, config.upstream_timeout_s)
+        # Each upstream's proxy, TLS files and limits, made at start-up (a bad file fails
+        # then), found by the upstream's identity: the config is fixed for the process's life,
+        # and hashing the dataclass's twenty fields on every request would cost more.
+        self._options: dict[int, tuple[Upstream, http1.UpstreamOptions]] = {}
+        for model in config.models.values():
+            for upstream in model.upstreams:
+                if upstream.kind == "openai":
+                    self.options(upstream)
+
+    def options(self, upstream: Upstream) -> http1.UpstreamOptions:
+        """How the client reaches ``upstream`` and what it takes from it (made once)."""
+        known = self._options.get(id(upstream))
+        if known is None or known[0] is not upstream:
+            known = self._options[id(upstream)] = (upstream, http1.UpstreamOptions(
+                proxy=upstream.proxy, ca_file=upstream.ca_file, cert_file=upstream.cert_file,
+                key_file=upstream.key_file, max_header_bytes=upstream.max_header_bytes,
+                max_error_body_bytes=upstream.max_error_body_bytes,
+                max_connections=upstream.max_connections))
+        return known[1]
 
     @staticmethod
     def url(base: str, path: str) -> str:
@@ -114,8 +143,11 @@ class OpenAIUpstreams:
             headers["authorization"] = f"Bearer {os.environ[upstream.api_key_env]}"
         try:
             raw = await self.pool.post(
-                url, body if isinstance(body, bytes) else orjson.dumps(body), headers)
+                url, body if isinstance(body, bytes) else orjson.dumps(body), headers,
+                self.options(upstream))
         except http1.ConnectFailed as e:
+            if e.busy:
+                raise UpstreamFailure(who, "busy", f"not called ({e})")
             raise UpstreamFailure(who, "timeout" if e.timed_out else "refused",
                                   f"timed out ({e})" if e.timed_out else f"unreachable ({e})")
         except http1.ReadFailed as e:
@@ -125,8 +157,8 @@ class OpenAIUpstreams:
         if response.status_code >= 500 or response.status_code == 429:
             try:
                 text = (await response.aread())[:300].decode(errors="replace")
-            except StreamBroken:
-                text = ""
+            except StreamBroken as e:
+                text = f"[its body unread: {e}]"
             finally:
                 await response.aclose()
             what = "is over its own quota" if response.status_code == 429 else "failed"
