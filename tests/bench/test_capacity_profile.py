@@ -42,9 +42,10 @@ def test_the_plan_spans_the_servers_limits():
     plan = CapacityPlan.for_limits(limits())
     assert plan.serial_prompts[0] == 16 and plan.serial_prompts[-1] <= 0.9 * MAX_MODEL_LEN
     assert len(plan.serial_prompts) == 6
-    assert [c for c, p in plan.decode if p == 128] == [1, 2, 4, 8, 16, 32, 64]
+    # decode bursts up to a full batch (max_num_seqs 128), long prompts up to 64
+    assert [c for c, p in plan.decode if p == 128] == [1, 2, 4, 8, 16, 32, 64, 128]
     long = [(c, p) for c, p in plan.decode if p != 128]
-    assert [c for c, _ in long] == [1, 4, 16] and all(p + 64 <= MAX_MODEL_LEN for _, p in long)
+    assert [c for c, _ in long] == [1, 4, 16, 64] and all(p + 64 <= MAX_MODEL_LEN for _, p in long)
     assert plan.mixed_background == 8 and plan.mixed_prompt + 8 <= 2048
 
 
