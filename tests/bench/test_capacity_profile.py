@@ -42,10 +42,9 @@ def test_the_plan_spans_the_servers_limits():
     plan = CapacityPlan.for_limits(limits())
     assert plan.serial_prompts[0] == 16 and plan.serial_prompts[-1] <= 0.9 * MAX_MODEL_LEN
     assert len(plan.serial_prompts) == 6
-    # decode bursts up to a full batch (max_num_seqs 128), long prompts up to 64
-    assert [c for c, p in plan.decode if p == 128] == [1, 2, 4, 8, 16, 32, 64, 128]
+    assert [c for c, p in plan.decode if p == 128] == [1, 2, 4, 8, 16, 32, 64]
     long = [(c, p) for c, p in plan.decode if p != 128]
-    assert [c for c, _ in long] == [1, 4, 16, 64] and all(p + 64 <= MAX_MODEL_LEN for _, p in long)
+    assert [c for c, _ in long] == [1, 4, 16] and all(p + 64 <= MAX_MODEL_LEN for _, p in long)
     assert plan.mixed_background == 8 and plan.mixed_prompt + 8 <= 2048
 
 
@@ -127,8 +126,9 @@ def test_the_profile_measures_every_point_and_the_servers_limits(capacity_bench)
     assert profile["schema"] == "spectrum.capacity_profile/1" and profile["rounds"] == 3
     lim, src = profile["limits"], profile["limit_sources"]
     assert lim["max_model_len"] == MAX_MODEL_LEN and src["max_model_len"] == "GET /v1/models"
-    assert lim["max_num_seqs"] == 128 and "default for its API server on CPU" in src["max_num_seqs"]
-    assert lim["max_num_batched_tokens"] == 2048
+    # The server says its scheduler limits on /v1/models.
+    assert lim["max_num_seqs"] == 128 and src["max_num_seqs"] == "GET /v1/models"
+    assert lim["max_num_batched_tokens"] == 2048 and src["max_num_batched_tokens"] == "GET /v1/models"
     assert lim["kv_cache_tokens"] > 100_000 and "cache_config_info" in src["kv_cache_tokens"]
     kinds = [p["kind"] for p in profile["points"]]
     assert kinds.count("prefill") == 6 and kinds.count("mixed") == 1

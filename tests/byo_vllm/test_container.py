@@ -32,7 +32,10 @@ FIRST_ANSWER_WITHIN_S = 20
 SECRETS = {"HF_TOKEN": "hf_spectrumContainerTest0aX9", "SM_VLLM_HF_TOKEN": "hf_spectrumEngineArg7qZ2",
            "AWS_SECRET_ACCESS_KEY": "wJalrXUtnSpectrumTestSecretKey4Rk8"}
 STREAMS_AT_STOP = 8
-STREAM_TOKENS = 512
+# Long enough that a stream outlasts the spread of the eight first tokens on a loaded machine
+# (5.6 s seen in CI, when 512-token streams had mostly ended before the SIGTERM), short enough to
+# drain well inside the 30 s grace; the tiny model's context (2,048) holds it.
+STREAM_TOKENS = 1024
 
 
 @dataclass
