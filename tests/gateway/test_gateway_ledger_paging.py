@@ -91,12 +91,15 @@ def test_the_store_pages_the_ledger_in_order_bounded_and_once(tmp_path, ledger_d
 def test_reading_10k_and_50k_entries_costs_the_same_per_entry(tmp_path, ledger_db):
     url, client = ledger_db
     port = client.connection_pool.connection_kwargs["port"]
+    # Each size read three times, judged by its best read: noise on these shared cores only slows
+    # a read down (one single-read CI run measured the 50k read 3.3x dearer per entry).
     fill(port, 10_000, db=9)
-    count, _, small_cpu = read_all(url, tmp_path)
-    assert count == 10_000
+    small = [read_all(url, tmp_path) for _ in range(3)]
+    assert {count for count, _, _ in small} == {10_000}
     fill(port, 40_000, db=9, first=10_000)
-    count, _, large_cpu = read_all(url, tmp_path)
-    assert count == 50_000
+    large = [read_all(url, tmp_path) for _ in range(3)]
+    assert {count for count, _, _ in large} == {50_000}
+    small_cpu, large_cpu = min(cpu for _, _, cpu in small), min(cpu for _, _, cpu in large)
     per_small, per_large = small_cpu / 10_000, large_cpu / 50_000
     assert per_large < 2.5 * per_small, (per_small, per_large)
 
