@@ -207,6 +207,29 @@ def spec_trace(spec: dict) -> Trace:
     return read_trace(**args)
 
 
+class SentSizes(NamedTuple):
+    """The sizes a replay sends for a trace's requests, and how many rows the rule changed."""
+    input_tokens: np.ndarray        # prompts clipped to max_input, at least 1 token
+    output_tokens: np.ndarray       # answers clipped to max_output, at least 1 token
+    clipped_input: int              # rows whose prompt max_input shortened
+    clipped_output: int             # rows whose answer max_output shortened
+    zero_output: int                # rows with 0 output tokens, sent asking for 1
+
+
+def sent_sizes(trace: Trace, max_input: int | None = None, max_output: int | None = None) -> SentSizes:
+    """The one rule for what a replay of ``trace`` asks for: ``options.bench --replay`` sends
+    these sizes, and ``cost simulate --predict-replay`` re-predicts the replay from them."""
+    inputs, outputs = trace.input_tokens, trace.output_tokens
+    clipped_in = int((inputs > max_input).sum()) if max_input is not None else 0
+    clipped_out = int((outputs > max_output).sum()) if max_output is not None else 0
+    if max_input is not None:
+        inputs = np.minimum(inputs, max_input)
+    if max_output is not None:
+        outputs = np.minimum(outputs, max_output)
+    zero_out = int((outputs < 1).sum())
+    return SentSizes(np.maximum(inputs, 1), np.maximum(outputs, 1), clipped_in, clipped_out, zero_out)
+
+
 def detect_format(path: str | Path, text: str | None = None) -> str:
     """The format of a trace, from its first line; BadInput naming the formats when it is not clear."""
     path = Path(path)

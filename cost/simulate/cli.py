@@ -230,25 +230,18 @@ def replay_trace(spec: dict[str, Any]):
     multiplied by the time scale, its sizes clipped as the replay clipped them."""
     import dataclasses
 
-    import numpy as np
-
-    from cost.traces import spec_trace
+    from cost.traces import sent_sizes, spec_trace
 
     try:
         trace = spec_trace(spec["trace"])
         time_scale = float(spec.get("time_scale") or 1.0)
+        max_input, max_output = spec.get("max_input"), spec.get("max_output")
+        sizes = sent_sizes(trace, int(max_input) if max_input else None, int(max_output) if max_output else None)
     except (KeyError, TypeError, ValueError) as exc:
         raise BadInput(f"the replay's spec lacks what re-reading it needs ({exc}): record it with "
                        "python -m options.bench --replay ... --json FILE") from None
-    inputs, outputs = trace.input_tokens.copy(), trace.output_tokens.copy()
-    if spec.get("max_input"):
-        inputs = np.minimum(inputs, int(spec["max_input"]))
-    if spec.get("max_output"):
-        outputs = np.minimum(outputs, int(spec["max_output"]))
-    outputs = np.maximum(outputs, 1)         # the replay asks for at least one token
-    inputs = np.maximum(inputs, 1)
-    return dataclasses.replace(trace, arrival_s=trace.arrival_s * time_scale, input_tokens=inputs,
-                               output_tokens=outputs, span_s=trace.span_s * time_scale)
+    return dataclasses.replace(trace, arrival_s=trace.arrival_s * time_scale, input_tokens=sizes.input_tokens,
+                               output_tokens=sizes.output_tokens, span_s=trace.span_s * time_scale)
 
 
 def read_replay(path: Path) -> dict[str, Any]:

@@ -198,17 +198,11 @@ def plan_replay(trace: "Trace", *, max_input: int | None = None, max_output: int
                 block_tokens: int = DEFAULT_BLOCK_TOKENS, time_scale: float | None = None,
                 load: float | None = None, capacity_file: str | None = None) -> ReplayPlan:
     """Clip the trace's sizes, then resolve its pace to one time scale."""
-    inputs, outputs = [], []
-    clipped_in = clipped_out = zero_out = 0
-    for n_in, n_out in zip(trace.input_tokens.tolist(), trace.output_tokens.tolist()):
-        if max_input is not None and n_in > max_input:
-            n_in, clipped_in = max_input, clipped_in + 1
-        if max_output is not None and n_out > max_output:
-            n_out, clipped_out = max_output, clipped_out + 1
-        if n_out < 1:
-            n_out, zero_out = 1, zero_out + 1
-        inputs.append(max(1, int(n_in)))
-        outputs.append(int(n_out))
+    from cost.traces import sent_sizes
+
+    sizes = sent_sizes(trace, max_input, max_output)
+    inputs, outputs = sizes.input_tokens.tolist(), sizes.output_tokens.tolist()
+    clipped_in, clipped_out, zero_out = sizes.clipped_input, sizes.clipped_output, sizes.zero_output
     notes = list(trace.notes)
     if clipped_in:
         notes.append(f"{clipped_in} of {len(inputs)} prompts clipped to --max-input {max_input} tokens")
