@@ -8,6 +8,7 @@ import base64
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import time
@@ -34,6 +35,28 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.05):
             return value
         time.sleep(interval_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def store_at(url: str, tmp_path: Path, command_timeout_ms: int = 300, **extra):
+    """The gateway's Redis store on ``url``, as a worker opens it (one model, a long concurrency
+    lease), for tests that drive the store directly."""
+    from spectrum_gateway.config import config_from_dict
+    from spectrum_gateway.store import RedisStore
+
+    return RedisStore(config_from_dict({
+        "store": url, "store_command_timeout_ms": command_timeout_ms, "concurrency_lease_s": 600, **extra,
+        "models": {"m": {"upstreams": [{"name": "u", "url": "http://127.0.0.1:9"}]}}},
+        tmp_path / "gateway.yaml"))
+
+
+def ledger_entry(request_id: str, tenant: str) -> dict:
+    """A whole answer's ledger entry: 3 tokens in, 4 out."""
+    from spectrum_gateway import meter
+
+    return meter.ledger_entry(request_id=request_id, tenant=tenant, key_id="k", model="m",
+                              upstream="u", fallback_from=[], input_tokens=3, output_tokens=4,
+                              usage_source="upstream", status=200, latency_s=0.01, stream=False,
+                              cost_usd=0.0)
 
 
 def answers(url: str) -> bool:
@@ -263,10 +286,10 @@ def gateway_config(store: str, up: FakeUpstreams, dead_port: int, jwks_file: str
     }
 
 
-async def tcp_server(handler) -> tuple[asyncio.AbstractServer, int]:
+async def tcp_server(handler, tls: ssl.SSLContext | None = None) -> tuple[asyncio.AbstractServer, int]:
     """A server on a free 127.0.0.1 port running ``handler(reader, writer, connection_number)``
-    for each client: a peer written byte by byte in a test, for what a real server will not
-    do on request (silence, garbage, a connection cut mid-answer)."""
+    for each client (over TLS with ``tls``): a peer written byte by byte in a test, for what a
+    real server will not do on request (silence, garbage, a connection cut mid-answer)."""
     count = 0
 
     async def on_connect(reader, writer):
@@ -274,9 +297,9 @@ async def tcp_server(handler) -> tuple[asyncio.AbstractServer, int]:
         count += 1
         try:
             await handler(reader, writer, count)
-        except (ConnectionError, asyncio.IncompleteReadError):
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
             pass
         finally:
             writer.close()
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0)
+    server = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=tls)
     return server, server.sockets[0].getsockname()[1]

@@ -24,11 +24,11 @@ import pytest
 import redis
 from redis.cluster import RedisCluster
 
-from gateway_harness import Gateway, gateway_config, wait_for
+from gateway_harness import Gateway, gateway_config, ledger_entry, store_at, wait_for
 from spectrum_gateway import meter
-from spectrum_gateway.config import ConfigError, TenantLimits, config_from_dict
+from spectrum_gateway.config import ConfigError, TenantLimits
 from spectrum_gateway.resp import key_slot
-from spectrum_gateway.store import RedisStore, StoreMisconfigured
+from spectrum_gateway.store import StoreMisconfigured
 
 HI = [{"role": "user", "content": "hi"}]
 NODES = 6
@@ -151,20 +151,6 @@ def redis_cluster(tmp_path_factory):
         cluster.stop()
 
 
-def store_at(url: str, tmp_path: Path, **extra) -> RedisStore:
-    return RedisStore(config_from_dict({
-        "store": url, "store_command_timeout_ms": 2000, "concurrency_lease_s": 600, **extra,
-        "models": {"m": {"upstreams": [{"name": "u", "url": "http://127.0.0.1:9"}]}}},
-        tmp_path / "gateway.yaml"))
-
-
-def ledger_entry(request_id: str, tenant: str) -> dict:
-    return meter.ledger_entry(request_id=request_id, tenant=tenant, key_id="k", model="m",
-                              upstream="u", fallback_from=[], input_tokens=3, output_tokens=4,
-                              usage_source="upstream", status=200, latency_s=0.01, stream=False,
-                              cost_usd=0.0)
-
-
 def test_key_slots_are_the_clusters(redis_cluster):
     node = redis_cluster.node(redis_cluster.ports[0])
     keys = ["spectrum:ledger", "spectrum:metrics", "spectrum:q:{acme}:rq", "{}x", "a{b}c{d}",
@@ -196,7 +182,7 @@ def test_any_node_leads_the_store_to_the_whole_cluster(tmp_path, redis_cluster, 
     run = f"{seed.split()[0]}-{random.randrange(10**9)}"
 
     async def serve():
-        store = store_at(url, tmp_path)
+        store = store_at(url, tmp_path, command_timeout_ms=2000)
         try:
             await store.warm()
             assert store.redis.cluster
@@ -214,7 +200,7 @@ def test_any_node_leads_the_store_to_the_whole_cluster(tmp_path, redis_cluster, 
 
     async def read():
         # A store that never called warm: the first MOVED tells it (the seed serves no ledger).
-        store = store_at(url, tmp_path)
+        store = store_at(url, tmp_path, command_timeout_ms=2000)
         try:
             entries = await store.ledger()
             return entries, store.redis.cluster
@@ -232,7 +218,7 @@ def test_any_node_leads_the_store_to_the_whole_cluster(tmp_path, redis_cluster, 
 
 
 def test_a_database_other_than_0_is_a_config_error(tmp_path, redis_cluster):
-    store = store_at(f"redis://127.0.0.1:{redis_cluster.ports[1]}/2", tmp_path)
+    store = store_at(f"redis://127.0.0.1:{redis_cluster.ports[1]}/2", tmp_path, command_timeout_ms=2000)
 
     async def go():
         try:
@@ -258,7 +244,7 @@ def test_ask_during_a_slot_migration_is_followed(tmp_path, redis_cluster):
     src, dst = redis_cluster.node(source), redis_cluster.node(target)
 
     async def go():
-        store = store_at(f"redis://127.0.0.1:{source}/0", tmp_path)
+        store = store_at(f"redis://127.0.0.1:{source}/0", tmp_path, command_timeout_ms=2000)
         try:
             await store.warm()
             dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])

@@ -21,11 +21,10 @@ import httpx
 import pytest
 import redis
 
-from gateway_harness import Gateway, RedisServer, gateway_config, wait_for
+from gateway_harness import Gateway, RedisServer, gateway_config, ledger_entry, store_at, wait_for
 from spectrum_gateway import meter
-from spectrum_gateway.config import TenantLimits, config_from_dict
+from spectrum_gateway.config import TenantLimits
 from spectrum_gateway.errors import StoreUnavailable
-from spectrum_gateway.store import RedisStore
 
 HI = [{"role": "user", "content": "hi"}]
 
@@ -122,20 +121,6 @@ def pair(tmp_path: Path, *extra: str) -> tuple[RedisServer, RedisServer]:
     replica.start()
     wait_for(lambda: synced(primary, replica), 15, "the replica's first sync")
     return primary, replica
-
-
-def store_at(url: str, tmp_path: Path, command_timeout_ms: int = 300) -> RedisStore:
-    return RedisStore(config_from_dict({
-        "store": url, "store_command_timeout_ms": command_timeout_ms, "concurrency_lease_s": 600,
-        "models": {"m": {"upstreams": [{"name": "u", "url": "http://127.0.0.1:9"}]}}},
-        tmp_path / "gateway.yaml"))
-
-
-def ledger_entry(request_id: str, tenant: str) -> dict:
-    return meter.ledger_entry(request_id=request_id, tenant=tenant, key_id="k", model="m",
-                              upstream="u", fallback_from=[], input_tokens=3, output_tokens=4,
-                              usage_source="upstream", status=200, latency_s=0.01, stream=False,
-                              cost_usd=0.0)
 
 
 def raw_ledger(port: int) -> list[dict]:

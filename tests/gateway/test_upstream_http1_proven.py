@@ -14,10 +14,9 @@ import zlib
 import httpx
 import pytest
 
-from gateway_harness import Gateway     # (and spectrum_gateway on sys.path)
+from gateway_harness import Gateway, tcp_server     # (and spectrum_gateway on sys.path)
 from spectrum_gateway import http1
-from upstream_peers import (Certificates, LoopThread, Proxy, chat_answer, read_request,
-                            start_server)
+from upstream_peers import Certificates, LoopThread, Proxy, chat_answer, read_request
 
 URL_PATH = "/v1/chat/completions"
 GZIP_BOMB = gzip.compress(b"\0" * 2_000_000)
@@ -77,7 +76,7 @@ def test_interim_answers_are_skipped_and_each_request_on_the_pooled_connection_g
                         writer.write(part)
                         await writer.drain()
                         await asyncio.sleep(0.03)
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         first = await post(pool, url_of(port), b"tenant-a")
         second = await post(pool, url_of(port), b"tenant-b")
@@ -92,7 +91,7 @@ def test_interim_answers_are_skipped_and_each_request_on_the_pooled_connection_g
 
 def test_101_switching_protocols_is_refused_and_its_connection_closed():
     async def main():
-        server, port = await start_server(lambda r, w, n: _answer_once(
+        server, port = await tcp_server(lambda r, w, n: _answer_once(
             r, w, b"HTTP/1.1 101 Switching Protocols\r\nupgrade: websocket\r\n"
                   b"connection: upgrade\r\n\r\n\x81\x00"))
         pool = http1.Pool(5, 5, proxies={})
@@ -130,7 +129,7 @@ def test_the_head_must_end_within_max_header_bytes_interim_heads_counted(interim
         for size in (limit, limit + 1):
             raw = head_of(size, interim) + b"ok"
             assert raw.index(b"\r\n\r\n", len(interim)) + 4 == size
-            server, port = await start_server(lambda r, w, n, raw=raw: _answer_once(r, w, raw))
+            server, port = await tcp_server(lambda r, w, n, raw=raw: _answer_once(r, w, raw))
             pool = http1.Pool(5, 5, proxies={})
             options = http1.UpstreamOptions(max_header_bytes=limit)
             try:
@@ -157,7 +156,7 @@ def test_a_head_that_never_ends_is_refused_at_the_limit_not_buffered():
                 writer.write(b"a" * 4096)
                 await writer.drain()
                 await asyncio.sleep(0.001)
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         started = time.monotonic()
         with pytest.raises(http1.AnswerRefused) as refused:
@@ -192,7 +191,7 @@ def test_an_error_body_over_its_limit_is_refused_as_it_arrives(framing):
                                     status="400 Bad Request"))
             await writer.drain()
             await asyncio.sleep(5)
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         options = http1.UpstreamOptions(max_error_body_bytes=64 * 1024)
         started = time.monotonic()
@@ -221,7 +220,7 @@ def test_max_connections_refuses_one_more_and_counts_closed_ones_out(loop_kind):
                 await release.wait()
                 writer.write(answer(b"%d" % n))
                 await writer.drain()
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         options = http1.UpstreamOptions(max_connections=2)
         url = url_of(port)
@@ -269,7 +268,7 @@ def test_an_answer_encoded_anyway_is_decoded(coding, encode, how):
                 await writer.drain()
             writer.write(b"0\r\n\r\n")
             await asyncio.sleep(1)
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         response = await pool.post(url_of(port), b"{}", {})
         if how == "read":
@@ -295,7 +294,7 @@ def test_an_answer_encoded_anyway_is_decoded(coding, encode, how):
 def test_an_encoding_it_cannot_decode_is_refused_naming_it(coding, wire, why):
     async def main():
         raw = answer(wire, f"content-encoding: {coding}")
-        server, port = await start_server(lambda r, w, n: _answer_once(r, w, raw))
+        server, port = await tcp_server(lambda r, w, n: _answer_once(r, w, raw))
         pool = http1.Pool(5, 5, proxies={})
         with pytest.raises(http1.AnswerRefused) as refused:
             await post(pool, url_of(port))
@@ -327,7 +326,7 @@ def test_bytes_after_an_answer_are_never_the_next_requests_answer(when):
                 writer.write(answer(b"second"))
                 await writer.drain()
                 await asyncio.sleep(1)
-        server, port = await start_server(handler)
+        server, port = await tcp_server(handler)
         pool = http1.Pool(5, 5, proxies={})
         first = await post(pool, url_of(port))
         await asyncio.sleep(0.2)
@@ -362,7 +361,7 @@ def test_a_pooled_connection_found_closed_before_writing_is_replaced_and_the_pos
         pool.close()
         return first[1], unseen_close, second[1]
     try:
-        server, port = peers.run(start_server(handler))
+        server, port = peers.run(tcp_server(handler))
         first, unseen_close, second = asyncio.run(main(port))
         peers.run(_close(server))
     finally:
@@ -399,7 +398,7 @@ def test_https_through_a_connect_tunnel_with_the_tests_ca_and_a_client_certifica
     async def main():
         proxy = await Proxy().start()
         monkeypatch.setenv("HTTPS_PROXY", proxy.url)
-        server, port = await start_server(_echo_path, certificates.server_context())
+        server, port = await tcp_server(_echo_path, certificates.server_context())
         options = http1.UpstreamOptions(ca_file=certificates.ca_file,
                                         cert_file=certificates.client_cert,
                                         key_file=certificates.client_key)
@@ -423,7 +422,7 @@ def test_http_through_a_forwarding_proxy_with_credentials(monkeypatch, loop_kind
 
     async def main():
         proxy = await Proxy(credentials="gw:s3cret").start()
-        server, port = await start_server(_echo_path)
+        server, port = await tcp_server(_echo_path)
         options = http1.UpstreamOptions(proxy=proxy.url)
         pool = http1.Pool(5, 5)
         answers = [await post(pool, url_of(port) + f"?n={i}", options=options) for i in range(2)]
@@ -442,7 +441,7 @@ def test_http_through_a_forwarding_proxy_with_credentials(monkeypatch, loop_kind
 def test_tls_and_proxy_failures_are_named_connect_failures(certificates, case, loop_kind):
     async def main():
         proxy = await Proxy(credentials="gw:s3cret").start()
-        server, port = await start_server(_echo_path, certificates.server_context())
+        server, port = await tcp_server(_echo_path, certificates.server_context())
         files = dict(ca_file=certificates.ca_file, cert_file=certificates.client_cert,
                      key_file=certificates.client_key)
         proxies = {}
@@ -531,7 +530,7 @@ class GatewayPeers:
         async def counted(reader, writer, n):
             self.connections.setdefault(name, [])
             await handler(_Recording(reader, self.heads, self.connections[name], n), writer, n)
-        server, port = self.loop.run(start_server(counted, tls))
+        server, port = self.loop.run(tcp_server(counted, tls))
         self.servers.append(server)
         return port
 

@@ -14,6 +14,8 @@ import threading
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from gateway_harness import tcp_server
+
 
 class LoopThread:
     """An asyncio event loop running in a daemon thread; ``run`` waits for a coroutine on it."""
@@ -51,22 +53,6 @@ async def read_request(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
     return head, await reader.readexactly(length)
 
 
-async def start_server(handler, tls: ssl.SSLContext | None = None):
-    """A server on a free 127.0.0.1 port running ``handler(reader, writer, connection_number)``
-    for each connection (TLS with ``tls``); returns (server, port)."""
-    count = 0
-
-    async def on_connect(reader, writer):
-        nonlocal count
-        count += 1
-        try:
-            await handler(reader, writer, count)
-        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
-            pass
-        finally:
-            writer.close()
-    server = await asyncio.start_server(on_connect, "127.0.0.1", 0, ssl=tls)
-    return server, server.sockets[0].getsockname()[1]
 
 
 class Certificates:
@@ -166,7 +152,7 @@ class Proxy:
         return f"http://{auth}127.0.0.1:{self.port}"
 
     async def start(self) -> "Proxy":
-        self.server, self.port = await start_server(self._client)
+        self.server, self.port = await tcp_server(self._client)
         return self
 
     def _authorized(self, head: bytes) -> bool:
