@@ -124,13 +124,19 @@ class Simulation:
         self.outputs = trace.output_tokens
         self.span_s = float(trace.span_s)
         self._cache: dict[Any, dict[str, Any]] = {}
+        self._per_minute: np.ndarray | None = None
+        self._scale_costs: dict[tuple[Any, float], float] = {}   # (simulation key, scale) -> window USD
         self.runs: dict[int, Any] = {}           # level -> the run behind its row (for the plot)
 
     # --- the shape of the traffic, for candidate targets and fleet limits ---------------------
 
     def per_minute_counts(self) -> np.ndarray:
-        bins = max(1, math.ceil(self.span_s / 60))
-        return np.bincount(np.minimum((self.arrival // 60).astype(np.int64), bins - 1), minlength=bins)
+        """Arrivals in each minute of the trace (computed once: the break-even search asks often)."""
+        if self._per_minute is None:
+            bins = max(1, math.ceil(self.span_s / 60))
+            self._per_minute = np.bincount(np.minimum((self.arrival // 60).astype(np.int64), bins - 1),
+                                           minlength=bins)
+        return self._per_minute
 
     def replica_request_rate(self, cap) -> float:
         """Requests per minute one replica serves when saturated, at the trace's mean sizes."""
@@ -298,6 +304,8 @@ class Simulation:
         goal = self.setup.slo.attainment
         factor = SECONDS_PER_MONTH / self.span_s
         self.level_runs = {lv: self.runs[1 if lv == 1 else rows[lv]["_key"]] for lv in rows}
+        # Rungs that shared a simulation (2-5 on one capacity) share their costs at other scales too.
+        self.level_keys = {lv: rows[lv]["_key"] for lv in rows if lv != 1}
         out = []
         for level in sorted(rows):
             row = {k: v for k, v in rows[level].items() if k != "_key"}
@@ -321,6 +329,12 @@ class Simulation:
 
     def fleet_cost_at_scale(self, level: int, scale: float) -> float:
         """The self-hosted bill for the trace at ``scale``, sized by its invocations target."""
+        key = (self.level_keys[level], scale)
+        if key not in self._scale_costs:
+            self._scale_costs[key] = self._fleet_cost_at_scale(level, scale)
+        return self._scale_costs[key]
+
+    def _fleet_cost_at_scale(self, level: int, scale: float) -> float:
         row = self.rows[level]
         cap = self.setup.capacity[level]
         target = self._invocations_target(level, row, cap)
