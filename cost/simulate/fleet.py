@@ -119,7 +119,6 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
             inst = starting.pop(0)
             inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s)
             serving.append(inst.replica)
-            inst.replica.started_s = inst.ready_s
             record(inst.ready_s)
             while held:             # requests that waited for a first replica go to it
                 r = held.pop(0)

@@ -34,7 +34,7 @@ class BatchingReplica:
     __slots__ = ("clock", "step", "decoding", "kv", "reserved", "queue", "prefilling", "plan", "plan_s",
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
-                 "busy_s", "started_s")
+                 "busy_s")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0) -> None:
         self.base_s = capacity.step_base_s
@@ -46,7 +46,6 @@ class BatchingReplica:
         self.kv_capacity = capacity.kv_cache_tokens
         self.inputs, self.outputs = inputs, outputs          # per-request sizes (shared lists)
         self.on_finish = on_finish
-        self.started_s = now
         self.clock = now            # time of the last step boundary (or when it went idle)
         self.step = 0               # steps completed so far
         self.decoding = 0           # sequences past their prompt, one token a step
@@ -88,12 +87,6 @@ class BatchingReplica:
             # Arriving exactly at a boundary: the step starting now takes it, as vLLM's scheduler
             # takes every request already queued when it builds a step.
             self._schedule()
-
-    def next_change_s(self) -> float:
-        """When the running set next changes by itself; inf when idle."""
-        if not self.decoding and not self.prefilling:
-            return math.inf
-        return self.clock + self._steps_s(self._steps_to_change())
 
     def advance_to(self, t: float) -> None:
         """Run the engine up to time ``t``: every step that ends by then, with its completions and
