@@ -24,6 +24,8 @@ from options.core import BEDROCK, OPENAI_COMPLETIONS, BadInput, exit_code, rung
 from options.core.wire import DIALECTS
 
 EXAMPLES = __doc__.split("\n\n")[1]
+# What --profile runs: independent requests, agent programs (program.py), a capacity profile (capacity.py).
+PROFILES = ("requests", "agent", "capacity")
 TARGETS = ("local", "emulator", "aws")
 
 
@@ -70,6 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="take one word as one token instead of measuring the target's tokenizer "
                            "(two unmeasured one-token requests)")
     load.add_argument("--timeout", type=float, default=600, help="per-request timeout in seconds")
+    load.add_argument("--profile", choices=PROFILES, default="requests",
+                      help="requests: independent requests (default); agent: closed-loop programs of "
+                           "--steps serial calls whose prompts grow by each previous answer; capacity: "
+                           "engine step times (prefill, decode by batch and KV) fitted to the "
+                           "simulator's capacity model")
     from options.bench.adapters import add_arguments as add_adapter_arguments
     from options.bench.program import add_arguments as add_program_arguments
     add_program_arguments(p)

@@ -44,7 +44,6 @@ from options.bench.metrics import RequestRecord, prometheus_samples, summarize
 from options.bench.profile import Profile, PromptTokens, make_prompt, parse_lengths
 from options.core import BadInput
 
-PROFILE_NAME = "capacity"
 DECODE_PROMPT_TOKENS = 128
 DECODE_OUTPUT_TOKENS = 64
 # Bursts past 64 were tried (up to max_num_seqs, 128 here): the step no longer grew linearly there
@@ -88,13 +87,7 @@ LIMIT_VARIABLES = {
 
 
 def add_arguments(parser) -> None:
-    """The capacity profile's flags, and ``capacity`` among ``--profile``'s choices (the flag
-    itself is program.py's)."""
-    action = parser._option_string_actions.get("--profile")
-    if action is not None and PROFILE_NAME not in action.choices:
-        action.choices = (*action.choices, PROFILE_NAME)
-        action.help += ("; capacity: engine step times (prefill, decode by batch and KV) fitted "
-                        "to the simulator's capacity model (see --max-num-seqs)")
+    """The capacity profile's flags (for ``--profile capacity``)."""
     g = parser.add_argument_group("server limits (--profile capacity), where the server does not say them")
     g.add_argument("--max-num-seqs", type=int, metavar="N",
                    help="the server's vLLM max_num_seqs (default: what the server the bench starts "

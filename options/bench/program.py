@@ -30,7 +30,6 @@ from options.bench.profile import Lengths, PromptTokens, make_prompt
 from options.bench.runner import metrics_page
 from options.core import BadInput
 
-PROFILES = ("requests", "agent")
 PREDICTION_SAMPLES = 20_000
 TAIL = ("p95", "p99")
 # vLLM's counters (tokens looked up in / found in the prefix cache); prometheus_client
@@ -43,11 +42,8 @@ SYSTEM_PROMPT_HEAD = "You are a careful research agent. Answer from the context.
 
 
 def add_arguments(parser) -> None:
-    """The program flags, in their own group of ``python -m options.bench``'s parser."""
+    """The program flags (for ``--profile agent``), in their own group of ``python -m options.bench``'s parser."""
     g = parser.add_argument_group("agent programs (--profile agent)")
-    g.add_argument("--profile", choices=PROFILES, default="requests",
-                   help="requests: independent requests (default); agent: closed-loop programs of "
-                        "--steps serial calls whose prompts grow by each previous answer")
     g.add_argument("--programs", type=int, default=32, help="programs to run (32)")
     g.add_argument("--steps", type=int, default=4, help="serial calls per program (4)")
     g.add_argument("--think-ms", type=float, default=200.0,
