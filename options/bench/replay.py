@@ -243,8 +243,7 @@ def capacity_from_bench(path: str, mean_input: float, mean_output: float) -> tup
 
     In order: a plain ``capacity_model.saturated_output_tok_s`` number; where the file holds a
     capacity model or the profile to fit one (``capacity_model``, ``capacity_profile``: ``python
-    -m options.bench --profile capacity``) and the simulator's ``CapacityModel`` is importable,
-    its saturated rate at this trace's mean sizes, which is what --load should refer to; else
+    -m options.bench --profile capacity``), the simulator's ``CapacityModel``'s saturated rate at this trace's mean sizes, which is what --load should refer to; else
     the bench's measured ``metrics.output_tokens_per_second``, which depends on the load it was
     measured at.
     """
@@ -263,24 +262,15 @@ def capacity_from_bench(path: str, mean_input: float, mean_output: float) -> tup
                 and math.isfinite(saturated) and saturated > 0:
             return float(saturated), "capacity_model.saturated_output_tok_s"
         section = next((k for k in ("capacity_model", "capacity_profile") if k in doc), None)
-        model_class = _capacity_model_class() if section else None
-        if model_class is not None:
-            model = model_class.from_bench(doc, repr(path))
+        if section is not None:
+            from cost.simulate.capacity import CapacityModel
+            model = CapacityModel.from_bench(doc, repr(path))
             rate = float(model.saturated_output_tok_s(mean_input, max(1.0, mean_output)))
             if math.isfinite(rate) and rate > 0:
                 return rate, (f"{section}: CapacityModel.saturated_output_tok_s at {mean_input:,.0f} in / "
                               f"{mean_output:,.0f} out tokens")
     measured = load_bench(path)               # BadInput for a missing, unreadable or wrong file
     return measured.output_tokens_per_second, "metrics.output_tokens_per_second"
-
-
-def _capacity_model_class():
-    """The simulator's ``CapacityModel``, or None where this installation lacks it."""
-    try:
-        from cost.simulate.capacity import CapacityModel
-    except ImportError:
-        return None
-    return CapacityModel
 
 
 # --- prompts ------------------------------------------------------------------------------------
