@@ -28,7 +28,7 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 
 # torch first and pinned to the CPU build, so no resolver pulls a multi-GB CUDA build.
 "${pip[@]}" torch==2.13.0
-"${pip[@]}" -e '.[dev,engine-cpu]'
+"${pip[@]}" -e '.[dev,engine-cpu,ray]'
 # PyPI's torchvision does not load beside torch 2.13.0+cpu and breaks transformers' imports.
 "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 

@@ -1,0 +1,376 @@
+"""The bring-your-own server as a Ray Serve application: rung 6 on Ray.
+
+One engine, one vocabulary, two ways to host it. The same ``App`` that gunicorn's worker
+serves (``app.create_app``: the same settings, routes and dialects) runs inside a Serve
+replica; Serve places, scales, health-checks and replaces the replicas instead of gunicorn
+and the HPA.
+
+    ingress (light, CPU only)  ──DeploymentHandle, streamed──▶  engine (App + vLLM AsyncLLM)
+    HTTP in, body read once,      one ASGI message per item       the byo routes answer: the
+    relayed message by message                                      OpenAI routes, /invocations
+                                                                    in each dialect, /ping, ...
+
+- ``EngineServer`` holds the App. Its constructor runs the App's lifespan startup (the engine
+  loads in the replica) and returns once the engine is ready, so Serve sends a replica no
+  request before it can answer; ``check_health`` fails when the engine has died, and Serve
+  replaces the replica. Serve drains a stopping replica (streams in flight finish, up to
+  ``graceful_shutdown_timeout_s``) and then calls ``__del__``, which runs the lifespan
+  shutdown once (Serve and the garbage collector may both call it).
+- ``Ingress`` reads each request's body and hands ``(scope, body)`` to an engine replica; the
+  engine's ASGI messages come back as a stream and are sent on as they come. A replica that
+  dies before answering gives a 503; one that dies mid-stream ends the stream with the byo
+  server's in-band error event, so a client sees an error, never a hang.
+- ``build_app(args)`` is the builder a serve config names
+  (``import_path: byo_vllm.ray_serve:build_app``); ``args`` are checked here, each problem
+  named with the value and what would be right.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator
+
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from .asgi import SSE_HEADERS, respond_error
+from .config import MAX_BODY_BYTES, ConfigError, ServerSettings, settings_from_env
+from .dialects import BadRequest, dumps_compact
+
+log = logging.getLogger("byo_vllm.ray_serve")
+
+ENGINE_DEPLOYMENT = "engine"
+INGRESS_DEPLOYMENT = "ingress"
+IMPORT_PATH = f"{__name__}:build_app"
+# Requests one engine replica has in flight before Serve adds another, and the most it takes.
+TARGET_ONGOING_REQUESTS = 64
+MAX_ONGOING_REQUESTS = 128
+# The ingress only relays bytes: it takes many requests per replica.
+INGRESS_MAX_ONGOING_REQUESTS = 1024
+# Settings that are process environment for vLLM or the hub client rather than server settings.
+_PROCESS_ENV = re.compile(r"^(VLLM_|HF_|HUGGING_FACE_|OMP_|TRANSFORMERS_)")
+_ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
+ARGS = {
+    "model": "the model: a hub id, or a folder every Ray node can read",
+    "settings": "the server's environment: SM_VLLM_*, OPTION_*, SPECTRUM_SERVER_*, VLLM_* "
+                "(names to strings)",
+    "autoscaling_config": "Serve's autoscaling of the engine replicas (min_replicas, "
+                          "max_replicas, target_ongoing_requests, upscale_delay_s, ...)",
+    "num_replicas": "a fixed number of engine replicas (instead of autoscaling_config)",
+    "engine_num_cpus": "CPUs Ray reserves for each engine replica",
+    "engine_num_gpus": "GPUs Ray gives each engine replica (tensor x pipeline parallel)",
+    "max_ongoing_requests": "the most requests one engine replica takes at once",
+    "ingress_replicas": "replicas of the light ingress deployment",
+}
+
+
+@dataclass(frozen=True)
+class RayAppArgs:
+    """``build_app``'s arguments, checked."""
+    model: str
+    settings: dict[str, str] = field(default_factory=dict)
+    autoscaling_config: dict[str, Any] | None = None
+    num_replicas: int | None = None
+    engine_num_cpus: float = 1.0
+    engine_num_gpus: float = 0.0
+    max_ongoing_requests: int = MAX_ONGOING_REQUESTS
+    ingress_replicas: int = 1
+
+    def server_env(self) -> dict[str, str]:
+        """The environment ``settings_from_env`` reads in each engine replica."""
+        return {"HF_MODEL_ID": self.model, **self.settings}
+
+    def process_env(self) -> dict[str, str]:
+        """Settings the engine's processes read from their environment (VLLM_*, HF_*)."""
+        return {k: v for k, v in self.settings.items()
+                if _PROCESS_ENV.match(k) and k != "HF_MODEL_ID"}
+
+
+def parse_args(args: dict[str, Any] | None) -> tuple[RayAppArgs, ServerSettings]:
+    """Checks a serve config's ``args``; ConfigError naming every problem."""
+    args = dict(args or {})
+    problems: list[str] = []
+    for key in sorted(set(args) - set(ARGS)):
+        problems.append(f"{key!r} is not an argument of {IMPORT_PATH}: use "
+                        + "; ".join(f"{k} ({why})" for k, why in ARGS.items()))
+    model = args.get("model")
+    if not isinstance(model, str) or not model.strip():
+        problems.append(f"model {model!r} must name the model: a hub id such as "
+                        "Qwen/Qwen2.5-7B-Instruct, or a folder every Ray node can read")
+        model = ""
+    settings = args.get("settings") or {}
+    if not isinstance(settings, dict):
+        problems.append(f"settings {settings!r} must map environment names to strings, e.g. "
+                        "{SM_VLLM_MAX_MODEL_LEN: '4096'}")
+        settings = {}
+    for key, value in settings.items():
+        if not isinstance(key, str) or not _ENV_NAME.match(key):
+            problems.append(f"settings: {key!r} is not an environment name (A-Z, 0-9, _)")
+        elif not isinstance(value, str):
+            problems.append(f"settings: {key}={value!r} must be a string, as in the "
+                            f"environment: {key}: '{value}'")
+    autoscaling = args.get("autoscaling_config")
+    replicas = args.get("num_replicas")
+    if autoscaling is not None and replicas is not None:
+        problems.append(f"num_replicas {replicas!r} and autoscaling_config both size the "
+                        "engine: give one")
+    if autoscaling is not None:
+        problems += _autoscaling_problems(autoscaling)
+    numbers = {"num_replicas": (replicas, int, 1), "ingress_replicas":
+               (args.get("ingress_replicas", 1), int, 1),
+               "max_ongoing_requests": (args.get("max_ongoing_requests", MAX_ONGOING_REQUESTS),
+                                        int, 1),
+               "engine_num_cpus": (args.get("engine_num_cpus", 1.0), (int, float), 0),
+               "engine_num_gpus": (args.get("engine_num_gpus", 0.0), (int, float), 0)}
+    for key, (value, kind, low) in numbers.items():
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, kind) or value < low:
+            what = "a whole number" if kind is int else "a number"
+            problems.append(f"{key} {value!r} must be {what} >= {low}")
+    settings = {k: v for k, v in settings.items() if isinstance(k, str) and isinstance(v, str)}
+    parsed = RayAppArgs(
+        model=model.strip(), settings=settings, autoscaling_config=autoscaling,
+        num_replicas=replicas, engine_num_cpus=float(args.get("engine_num_cpus", 1.0) or 0),
+        engine_num_gpus=float(args.get("engine_num_gpus", 0.0) or 0),
+        max_ongoing_requests=args.get("max_ongoing_requests", MAX_ONGOING_REQUESTS),
+        ingress_replicas=args.get("ingress_replicas", 1))
+    server = None
+    if model and not problems:
+        try:
+            server = settings_from_env(parsed.server_env())
+        except ConfigError as e:
+            problems.append(str(e))
+    if problems:
+        raise ConfigError(f"{IMPORT_PATH} cannot build the application from these args:\n  - "
+                          + "\n  - ".join(problems))
+    return parsed, server
+
+
+def _autoscaling_problems(config: Any) -> list[str]:
+    from ray.serve.config import AutoscalingConfig
+
+    if not isinstance(config, dict):
+        return [f"autoscaling_config {config!r} must be a mapping, e.g. {{min_replicas: 1, "
+                "max_replicas: 4, target_ongoing_requests: 64}"]
+    try:
+        AutoscalingConfig(**config)
+    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError names the field
+        return [f"autoscaling_config {config!r} is not valid for Ray Serve: "
+                + " ".join(str(e).split())]
+    return []
+
+
+# ----------------------------------------------------------------------------------- engine
+
+class _Lifespan:
+    """Drives an ASGI app's lifespan protocol, as a server does around it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self._inbox: asyncio.Queue = asyncio.Queue()
+        self._outbox: asyncio.Queue = asyncio.Queue()
+        self._task: asyncio.Task | None = None
+        self._stopped = False
+
+    async def startup(self) -> None:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0", "spec_version": "2.0"}}
+        self._task = asyncio.ensure_future(self.app(scope, self._inbox.get, self._outbox.put))
+        await self._inbox.put({"type": "lifespan.startup"})
+        answer = await self._outbox.get()
+        if answer["type"] != "lifespan.startup.complete":
+            raise RuntimeError(f"the server's lifespan startup failed: {answer}")
+
+    async def shutdown(self) -> None:
+        """Runs the lifespan shutdown once, however often it is called."""
+        if self._stopped or self._task is None:
+            return
+        self._stopped = True
+        await self._inbox.put({"type": "lifespan.shutdown"})
+        await self._outbox.get()
+        await self._task
+
+
+class EngineServer:
+    """One engine replica: the byo server's App, its engine started in this replica."""
+
+    async def __init__(self, server_env: dict[str, str]) -> None:
+        from .app import create_app
+
+        self.settings = settings_from_env(server_env)
+        self.app = create_app(self.settings)
+        self.lifespan = _Lifespan(self.app)
+        await self.lifespan.startup()             # the engine loads in the background
+        backend = self.app.backend
+        while not backend.ready:                  # Serve routes nothing here before ready
+            why = _unavailable(backend)
+            if why is not None:
+                raise RuntimeError(f"the engine could not start: {why}")
+            await asyncio.sleep(0.2)
+        log.info("engine replica ready: %s", self.settings.served_model_name)
+
+    def check_health(self) -> None:
+        """Serve's health check: the engine is up, or the replica is replaced."""
+        backend = self.app.backend
+        if not backend.ready:
+            raise RuntimeError(_unavailable(backend) or "the engine is not ready")
+
+    async def http(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[dict[str, Any]]:
+        """One HTTP request through the App: its ASGI messages, as they are sent. Closing
+        the stream (the client went away) tells the App the client disconnected and stops
+        it, which aborts the request in the engine."""
+        messages: asyncio.Queue = asyncio.Queue()
+        gone = asyncio.Event()
+        pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+        async def receive() -> dict[str, Any]:
+            if pending:
+                return pending.pop()
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        task = asyncio.ensure_future(self.app(scope, receive, messages.put))
+        task.add_done_callback(lambda _: messages.put_nowait(None))
+        try:
+            while (message := await messages.get()) is not None:
+                yield message
+            task.result()
+        finally:
+            gone.set()
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+
+    async def __del__(self) -> None:
+        lifespan = getattr(self, "lifespan", None)
+        if lifespan is not None:
+            await lifespan.shutdown()
+
+
+def _unavailable(backend) -> str | None:
+    return getattr(backend, "dead_error", None) or getattr(backend, "failed", None)
+
+
+# ----------------------------------------------------------------------------------- ingress
+
+class Ingress:
+    """The light front deployment: its ASGI app relays each request to an engine replica."""
+
+    def __init__(self, engine: DeploymentHandle) -> None:
+        self.engine = engine
+
+    def __serve_build_asgi_app__(self) -> "Relay":
+        return Relay(self.engine)
+
+
+class Relay:
+    """ASGI: HTTP in, the request handed to an engine replica, its answer sent on."""
+
+    def __init__(self, engine: DeploymentHandle) -> None:
+        self.engine = engine
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                await send({"type": message["type"] + ".complete"})
+                if message["type"] == "lifespan.shutdown":
+                    return
+        if scope["type"] != "http":
+            return
+        body = await _read_body(receive, MAX_BODY_BYTES + 1)
+        if body is None:
+            return                                 # the client left before sending it all
+        response = self.engine.options(stream=True).http.remote(forwarded_scope(scope), body)
+        started: dict[str, Any] | None = None
+        finished = False
+        try:
+            async for message in response:
+                if message["type"] == "http.response.start":
+                    started = message
+                await send(message)
+            finished = True
+        except Exception as e:  # noqa: BLE001 - the replica died or failed the request
+            finished = True
+            await _replica_failed(send, started, e)
+        finally:
+            if not finished:
+                response.cancel()                  # the client went away: stop the engine
+
+
+async def _read_body(receive, limit: int) -> bytes | None:
+    """The request's body, up to ``limit`` bytes (the engine's routes answer 413 past its
+    limit); None when the client disconnected first."""
+    parts, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunk = message.get("body", b"")
+        if size < limit:
+            parts.append(chunk[:limit - size])
+        size += len(chunk)
+        if not message.get("more_body", False):
+            return b"".join(parts)
+
+
+def forwarded_scope(scope: dict[str, Any]) -> dict[str, Any]:
+    """What the engine's routes read of an HTTP scope, relative to the application's route."""
+    path, root = scope["path"], scope.get("root_path", "")
+    if root and path.startswith(root):
+        path = path[len(root):] or "/"
+    return {"type": "http", "asgi": {"version": "3.0"},
+            "http_version": scope.get("http_version", "1.1"), "method": scope["method"],
+            "scheme": scope.get("scheme", "http"), "path": path, "root_path": "",
+            "query_string": scope.get("query_string", b""),
+            "headers": [(bytes(k), bytes(v)) for k, v in scope["headers"]]}
+
+
+async def _replica_failed(send, started: dict[str, Any] | None, error: Exception) -> None:
+    why = (f"the engine replica serving this request failed ({type(error).__name__}); "
+           "Serve is replacing it: retry the request")
+    log.warning("%s: %s", why, error)
+    if started is None:                            # nothing sent yet: a plain 503
+        await respond_error(send, BadRequest(why, None, 503), [(b"retry-after", b"1")])
+        return
+    content_type = dict(started.get("headers", [])).get(b"content-type", b"")
+    if content_type != SSE_HEADERS[0][1]:
+        raise error                                # a JSON answer cut short: drop the connection
+    event = b"data: " + dumps_compact(BadRequest(why, None, 502).to_json()).encode() + b"\n\n"
+    await send({"type": "http.response.body", "body": event, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+# ----------------------------------------------------------------------------------- builder
+
+_ENGINE = serve.deployment(name=ENGINE_DEPLOYMENT)(EngineServer)
+_INGRESS = serve.deployment(name=INGRESS_DEPLOYMENT)(serve.ingress()(Ingress))
+
+
+def build_app(args: dict[str, Any]) -> serve.Application:
+    """The application a serve config names: ``import_path: byo_vllm.ray_serve:build_app``
+    with ``args`` (see ``ARGS``)."""
+    parsed, server = parse_args(args)
+    scaling: dict[str, Any] = (
+        {"num_replicas": parsed.num_replicas} if parsed.num_replicas is not None else
+        {"autoscaling_config": parsed.autoscaling_config or {
+            "min_replicas": 1, "max_replicas": 1,
+            "target_ongoing_requests": TARGET_ONGOING_REQUESTS}})
+    actor: dict[str, Any] = {"num_cpus": parsed.engine_num_cpus}
+    if parsed.engine_num_gpus:
+        actor["num_gpus"] = parsed.engine_num_gpus
+    if parsed.process_env():
+        actor["runtime_env"] = {"env_vars": parsed.process_env()}
+    engine = _ENGINE.options( ray_actor_options=actor,
+        max_ongoing_requests=parsed.max_ongoing_requests,
+        # Streams in flight finish before a replica stops (the byo server's graceful window).
+        graceful_shutdown_timeout_s=server.graceful_timeout_s,
+        health_check_period_s=2, health_check_timeout_s=30, **scaling)
+    ingress = _INGRESS.options(num_replicas=parsed.ingress_replicas,
+        ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING_REQUESTS,
+        graceful_shutdown_timeout_s=server.graceful_timeout_s)
+    return ingress.bind(engine.bind(parsed.server_env()))
