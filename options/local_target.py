@@ -34,6 +34,47 @@ def print_local_only(plan: Plan, args: argparse.Namespace, why: str) -> int:
     return 0
 
 
+def announce_model(source, say: Console) -> None:
+    if source.tiny:
+        say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "
+            "(engine, batching, streaming), not answer quality. Use --model for a real one.")
+    else:
+        say(f"model: {source.label}")
+
+
+def send_sample(url: str, args: argparse.Namespace, level: int, source, say: Console,
+                summary: dict[str, Any]) -> None:
+    """One sample request in the rung's dialect to ``url``/invocations, streamed; its answer
+    goes into ``summary``."""
+    from options.contract import Request, collect, invoke_http
+
+    dialect = rung(level).can.dialect
+    request = sample_request(args)
+    # Streaming measures TTFT; random weights often stop at once, so the tiny model's sample
+    # ignores end-of-sequence and generates --max-tokens, exercising batching and streaming.
+    streamed = Request(**{**request.__dict__, "stream": True, "ignore_eos": source.tiny})
+    say(f"sample request ({dialect} dialect, POST /invocations): {request.prompt!r}")
+    t0 = time.perf_counter()
+    events = []
+    for event in invoke_http(url, streamed, dialect, path="/invocations"):
+        events.append(event)
+        if args.stream and event.kind == "text" and not args.json:
+            print(event.text, end="", flush=True)
+    if args.stream and not args.json:
+        print()
+    summary["answer"] = format_answer(collect(events, t0), say, "random weights" if source.tiny
+                                       else source.label)
+
+
+def wait_for_ctrl_c(say: Console, alive=lambda: True) -> None:
+    """Returns on Ctrl-C, or once ``alive()`` is false."""
+    try:
+        while alive():
+            time.sleep(1)
+    except KeyboardInterrupt:
+        say("\nstopping (Ctrl-C)")
+
+
 def serve_rung_locally(level: int, local_server, args: argparse.Namespace, source) -> int:
     """``run_local`` of a rung that serves here: its ``local_server(spec)`` gives the server's
     environment (held for as long as the server runs) and what it runs."""
@@ -45,17 +86,11 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
                   source) -> int:
     """Start the bring-your-own server with ``env``, send one sample in the rung's dialect, then
     serve until Ctrl-C."""
-    from options.contract import Request, collect, invoke_http
     from options.local_server import LocalServer
 
     say = Console(args.json)
-    dialect = rung(level).can.dialect
     say(f"Level {level} — {rung(level).name}, on this machine: {what}")
-    if source.tiny:
-        say("model: the built-in tiny model. Its weights are RANDOM: it exercises the serving path "
-            "(engine, batching, streaming), not answer quality. Use --model for a real one.")
-    else:
-        say(f"model: {source.label}")
+    announce_model(source, say)
     log_dir = os.path.join(os.environ.get("SPECTRUM_CACHE", os.path.expanduser("~/.cache/spectrum")), "logs")
     os.makedirs(log_dir, exist_ok=True)
     log_path = os.path.join(log_dir, f"deploy-level{level}-{int(time.time())}.log")
@@ -75,21 +110,7 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
         summary["ready_s"] = round(time.monotonic() - started, 1)
         say(f"ready after {summary['ready_s']} s: GET {server.url}/ping → 200")
 
-        request = sample_request(args)
-        # Streaming measures TTFT; random weights often stop at once, so the tiny model's sample
-        # ignores end-of-sequence and generates --max-tokens, exercising batching and streaming.
-        streamed = Request(**{**request.__dict__, "stream": True, "ignore_eos": source.tiny})
-        say(f"sample request ({dialect} dialect, POST /invocations): {request.prompt!r}")
-        t0 = time.perf_counter()
-        events = []
-        for event in invoke_http(server.url, streamed, dialect, path="/invocations"):
-            events.append(event)
-            if args.stream and event.kind == "text" and not args.json:
-                print(event.text, end="", flush=True)
-        if args.stream and not args.json:
-            print()
-        summary["answer"] = format_answer(collect(events, t0), say, "random weights" if source.tiny
-                                           else source.label)
+        send_sample(server.url, args, level, source, say, summary)
         if args.once:
             summary["stopped"] = "after the sample (--once)"
         else:
@@ -97,12 +118,9 @@ def serve_locally(env: dict[str, str], args: argparse.Namespace, *, level: int, 
                 f"/v1/chat/completions); Ctrl-C to stop")
             say(f"  try: curl -s {server.url}/invocations -H 'Content-Type: application/json' "
                 f"-d '{{\"inputs\": \"Hello\", \"parameters\": {{\"max_new_tokens\": 32}}}}'")
-            try:
-                while server.process.poll() is None:
-                    time.sleep(1)
+            wait_for_ctrl_c(say, lambda: server.process.poll() is None)
+            if server.process.poll() is not None:
                 raise RuntimeError(f"the server exited with code {server.process.returncode}")
-            except KeyboardInterrupt:
-                say("\nstopping (Ctrl-C)")
     except Exception as exc:
         say(f"error: the local server failed: {exc}")
         if "server log" not in str(exc):

@@ -6,6 +6,8 @@
     python -m options.deploy --level 6 --target emulator             cluster on moto's EKS, manifests
                                                                      on an in-memory Kubernetes API
     python -m options.deploy --level 6 --target aws --image URI      eksctl + kubeconfig, waits for rollout
+    python -m options.deploy --level 6 --engine rayservice           the byo server as a Ray Serve
+                                                                     application, on a local Ray
 
 The stack itself (render, validate, apply) lives in ``infra/eks``; this module maps the CLI
 onto it through the RungModule verbs.
@@ -33,6 +35,8 @@ class Level6Spec:
     eks: Any                      # infra.eks.spec.EksSpec
     out_dir: str
     notes: tuple[str, ...] = ()   # things the CLI filled in for the user
+    # --engine rayservice --target local: (model source, options) served on a local Ray.
+    ray_here: Any = None
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -68,7 +72,12 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
     g.add_argument("--namespace", metavar="NS", help="Kubernetes namespace (default spectrum)")
     g.add_argument("--cluster-name", metavar="NAME", help="EKS cluster name (default spectrum)")
     g.add_argument("--engine", choices=("deployment", "rayservice"),
-                   help="deployment (default): the byo-vllm image; rayservice: KubeRay + Ray Serve LLM")
+                   help="deployment (default): the byo-vllm image; rayservice: KubeRay + Ray Serve "
+                        "(locally: the application served on a local Ray)")
+    g.add_argument("--serve-app", choices=("byo", "ray-llm"),
+                   help="--engine rayservice's Serve application: byo (default) the byo server's "
+                        "engine and routes on the --image; ray-llm: ray.serve.llm's OpenAI app on "
+                        "Ray's LLM image")
     g.add_argument("--gpu-nodes", choices=("karpenter", "nodegroup"),
                    help="karpenter (default): NodePool + EC2NodeClass; nodegroup: a GPU managed node group")
     g.add_argument("--capacity-type", choices=("on-demand", "spot"),
@@ -119,12 +128,14 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
     if getattr(args, "instance_count", 1) not in (None, 1):
         raise BadInput(f"--instance-count {args.instance_count} does not apply to level 6: the "
                        "autoscaler sizes the fleet; use --min-replicas and --max-replicas")
+    if args.engine == "rayservice" and args.target == "local" and not getattr(args, "plan", False):
+        return _ray_here(args)
     model = args.model or DEFAULT_MODEL
     if os.path.exists(model):
         raise BadInput(f"--model {model!r} is a local path, which pods in a cluster cannot read: "
                        "give a Hugging Face id, or an s3:// prefix the image can download")
     image = args.image
-    if not image and args.target != "aws" and args.engine != "rayservice":
+    if not image and args.target != "aws" and args.serve_app != "ray-llm":
         # Rendering, planning and the emulator pull nothing; a real cluster needs a registry URI.
         image = LOCAL_IMAGE
         notes.append(f"no --image: rendered with the local build tag {LOCAL_IMAGE}; a cluster "
@@ -146,7 +157,7 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "target_cpu": args.target_cpu, "target_waiting": args.target_waiting,
         "rate_limit_rps": args.rate_limit_rps, "rate_limit_burst": args.rate_limit_burst,
         "namespace": args.namespace, "region": region, "cluster_name": args.cluster_name,
-        "engine": args.engine, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
+        "engine": args.engine, "serve_app": args.serve_app, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
         "edge": args.edge, "options": _options(args.option),
         "adapters": tuple(parse_adapter(a) for a in _as_list(getattr(args, "adapter", None))),
         "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,
@@ -159,6 +170,23 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
     spec = EksSpec(**{k: v for k, v in given.items() if v is not None})
     out_dir = args.out or os.path.join(DEFAULT_OUT, f"eks-{spec.name}")
     return Level6Spec(spec, out_dir, tuple(notes))
+
+
+def _ray_here(args: argparse.Namespace) -> Level6Spec:
+    """--engine rayservice --target local: the model (the built-in tiny one by default, or a
+    local folder) served by the byo Serve application on a local Ray."""
+    from options.sagemaker.plan import model_source
+
+    if args.serve_app == "ray-llm":
+        raise BadInput("--serve-app ray-llm cannot run here: ray.serve.llm needs vLLM with CUDA; "
+                       "use --serve-app byo (the default) to serve locally, or --plan to render "
+                       "the ray-llm RayService")
+    for key, _ in _options(args.option):
+        if not key.startswith(("SM_VLLM_", "OPTION_", "SPECTRUM_SERVER_", "VLLM_")):
+            raise BadInput(f"--option {key} is not server configuration: use SM_VLLM_*, "
+                           "OPTION_*, SPECTRUM_SERVER_* or VLLM_* names")
+    return Level6Spec(None, "", ray_here=(model_source(args.model, cloud=False),
+                                          _options(args.option)))
 
 
 # ----------------------------------------------------------------------------------- plan
@@ -238,9 +266,14 @@ def plan(spec: Level6Spec) -> Plan:
 # ----------------------------------------------------------------------------------- local
 
 def run_local(spec: Level6Spec, args: argparse.Namespace) -> int:
-    """Render into --out, validate everything, print what was made, the GPUs and the cost."""
+    """Render into --out, validate everything, print what was made, the GPUs and the cost;
+    with --engine rayservice, serve the application on a local Ray instead."""
     import json
     import sys
+
+    if spec.ray_here is not None:
+        from options.eks.ray_local import run_local as run_on_local_ray
+        return run_on_local_ray(*spec.ray_here, args)
 
     from infra.eks.validate import validate_rendered
 

@@ -1,0 +1,117 @@
+"""Rung 6 on Ray, on this machine: ``--level 6 --engine rayservice --target local``.
+
+A Ray of this process's own (``ray.init`` in a fresh temp folder, its ports chosen free,
+Serve's HTTP proxy on a free port of 127.0.0.1), the bring-your-own server's Serve
+application (``byo_vllm.ray_serve``) run on it, one sample request, then serving until Ctrl-C.
+Ray is stopped with ``ray.shutdown()`` when the command ends, however it ends: never with
+``ray stop``, which kills every Ray process on the host by name.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from options.local_server import free_port
+
+APP_NAME = "llm"
+# Engine replicas ask Ray for this many CPUs each; a local Ray offers the machine's cores
+# (at least this many, so one replica always fits).
+LOCAL_ENGINE_CPUS = 1.0
+LOG_TO_DRIVER = False
+
+
+@dataclass
+class LocalRay:
+    url: str                 # Serve's HTTP proxy
+    temp_dir: str
+    started_s: float         # ray.init + serve.start
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int | None = None, http_port: int | None = None) -> Iterator[LocalRay]:
+    """A Ray cluster of this process (head only) with Serve started, for the block."""
+    import ray
+    from ray import serve
+
+    temp_dir = tempfile.mkdtemp(prefix="spectrum-ray-")
+    started = time.monotonic()
+    # address="local": always a new cluster, never one RAY_ADDRESS points at.
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
+             namespace="spectrum", logging_level=logging.WARNING, log_to_driver=LOG_TO_DRIVER)
+    try:
+        port = http_port or free_port()
+        serve.start(http_options={"host": "127.0.0.1", "port": port},
+                    logging_config={"log_level": "WARNING"})
+        yield LocalRay(f"http://127.0.0.1:{port}", temp_dir, time.monotonic() - started)
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+            shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def run_app(args: dict[str, Any], name: str = APP_NAME):
+    """Runs ``byo_vllm.ray_serve:build_app(args)`` on the connected Ray; returns its handle
+    once every replica is up (each engine has loaded)."""
+    from byo_vllm.ray_serve import build_app
+    from ray import serve
+
+    return serve.run(build_app(args), name=name, route_prefix="/")
+
+
+def local_app_args(model: str, options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """build_app's args for this machine: one engine replica, the options as its settings."""
+    settings = dict(options)
+    settings.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # else most of a NUMA node
+    return {"model": model, "settings": settings, "num_replicas": 1,
+            "engine_num_cpus": LOCAL_ENGINE_CPUS}
+
+
+def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Namespace) -> int:
+    """Start a local Ray, run the application, send the sample request, serve until Ctrl-C
+    (or stop after the sample with --once)."""
+    import os
+
+    from options.local_target import announce_model, send_sample, wait_for_ctrl_c
+    from options.output import Console
+
+    say = Console(args.json)
+    model = str(source.local_folder()) if source.path or source.tiny else source.hub_id
+    app_args = local_app_args(model, options)
+    summary: dict[str, Any] = {"level": 6, "target": "local", "engine": "rayservice",
+                               "model": source.label}
+    say("Level 6 — EKS with --engine rayservice, on this machine: the byo server as a Ray Serve "
+        "application (ingress + engine deployments) on a local Ray")
+    announce_model(source, say)
+    try:
+        with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
+                       http_port=args.port) as cluster:
+            summary["ray_start_s"] = round(cluster.started_s, 1)
+            say(f"Ray started in {cluster.started_s:.1f} s (temp dir {cluster.temp_dir}); "
+                "deploying the application (the engine loads in its replica) ...")
+            started = time.monotonic()
+            run_app(app_args)
+            summary["ready_s"] = round(time.monotonic() - started, 1)
+            summary["url"] = cluster.url
+            say(f"ready after {summary['ready_s']} s on {cluster.url}")
+            send_sample(cluster.url, args, 6, source, say, summary)
+            if args.once:
+                summary["stopped"] = "after the sample (--once)"
+            else:
+                say(f"serving on {cluster.url}: POST /v1/chat/completions, /v1/completions, "
+                    "/invocations; Ctrl-C stops the application and Ray")
+                wait_for_ctrl_c(say)
+    except Exception as exc:
+        say(f"error: the Ray application failed: {type(exc).__name__}: {exc}")
+        return 1
+    if args.json:
+        import json
+        print(json.dumps(summary, indent=2, default=str))
+    return 0
