@@ -1,8 +1,11 @@
-"""The KubeRay alternative (``--engine rayservice``): a RayService whose Serve application is
-``ray.serve.llm:build_openai_app`` with the same model settings as the Deployment.
+"""The KubeRay alternative (``--engine rayservice``): a RayService whose Serve application is,
+by default (``--serve-app byo``), the bring-your-own server's own (``byo_vllm.ray_serve``: the
+same engine, settings, routes and dialects as the Deployment, on the project's image), or
+(``--serve-app ray-llm``) ``ray.serve.llm:build_openai_app`` on Ray's LLM image.
 
 Ray Serve autoscales the LLM replicas and KubeRay's autoscaler adds GPU worker pods for them,
-so this engine needs no HPA. ``SM_VLLM_*`` options become vLLM ``engine_kwargs``.
+so this engine needs no HPA. For ray-llm, ``SM_VLLM_*`` options become vLLM ``engine_kwargs``;
+the byo application reads them as the server does.
 
 Adapters (``--adapter``) use Ray Serve LLM's multiplexing: ``lora_config`` names the S3 folder
 the adapters sit in (``dynamic_lora_loading_path``; Ray loads ``<path>/<name>`` on the first
@@ -16,11 +19,17 @@ from typing import Any
 import yaml
 
 from infra.eks.spec import ResolvedSpec, pinned
-from infra.eks.workload import gpu_resources, gpu_toleration, hf_token_env, skip_annotations
+from infra.eks.workload import (gpu_resources, gpu_toleration, hf_token_env, server_env,
+                                skip_annotations)
 
 # Requests one LLM replica should have in flight before Serve adds another (the KubeRay sample).
 TARGET_ONGOING_REQUESTS = 64
 MAX_ONGOING_REQUESTS = 128
+BYO_APP = "byo_vllm.ray_serve:build_app"
+OPENAI_APP = "ray.serve.llm:build_openai_app"
+# What the byo application reads as server settings (the rest of the Deployment's env is the
+# container's: caches, HOME, the token from its Secret).
+_SERVER_SETTINGS = ("SM_VLLM_", "SM_NUM_GPUS", "OPTION_", "SPECTRUM_SERVER_", "VLLM_")
 
 
 def _engine_value(text: str) -> Any:
@@ -46,15 +55,35 @@ def engine_kwargs(r: ResolvedSpec) -> dict[str, Any]:
     return kwargs
 
 
+def autoscaling_config(r: ResolvedSpec) -> dict[str, Any]:
+    return {"min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
+            "target_ongoing_requests": TARGET_ONGOING_REQUESTS}
+
+
 def serve_config(r: ResolvedSpec) -> dict[str, Any]:
+    return byo_serve_config(r) if r.serve_app == "byo" else ray_llm_serve_config(r)
+
+
+def byo_serve_config(r: ResolvedSpec) -> dict[str, Any]:
+    """The bring-your-own server's application: the Deployment's server settings as its args."""
+    settings = {e["name"]: e["value"] for e in server_env(r)
+                if "value" in e and e["name"].startswith(_SERVER_SETTINGS)}
+    args = {"model": r.model, "settings": settings,
+            "autoscaling_config": autoscaling_config(r),
+            "engine_num_gpus": r.gpus_per_replica, "engine_num_cpus": r.cpu_per_replica,
+            "max_ongoing_requests": MAX_ONGOING_REQUESTS}
+    return {"applications": [{"name": "llm", "route_prefix": "/", "import_path": BYO_APP,
+                              "args": args}]}
+
+
+def ray_llm_serve_config(r: ResolvedSpec) -> dict[str, Any]:
     env_vars = {k: v for k, v in r.options if not k.startswith("SM_VLLM_")}
     llm_config: dict[str, Any] = {
         "model_loading_config": {"model_id": r.served_model_name, "model_source": r.model},
         "accelerator_type": r.ray_accelerator_type,
         "engine_kwargs": engine_kwargs(r),
         "deployment_config": {
-            "autoscaling_config": {"min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
-                                   "target_ongoing_requests": TARGET_ONGOING_REQUESTS},
+            "autoscaling_config": autoscaling_config(r),
             "max_ongoing_requests": MAX_ONGOING_REQUESTS,
         },
     }
@@ -64,13 +93,13 @@ def serve_config(r: ResolvedSpec) -> dict[str, Any]:
     if env_vars:
         llm_config["runtime_env"] = {"env_vars": env_vars}
     return {"applications": [{"name": "llm", "route_prefix": "/",
-                              "import_path": "ray.serve.llm:build_openai_app",
+                              "import_path": OPENAI_APP,
                               "args": {"llm_configs": [llm_config]}}]}
 
 
 def _ray_container(r: ResolvedSpec, name: str, ports: list[tuple[str, int]],
                    resources: dict[str, Any]) -> dict[str, Any]:
-    return {"name": name, "image": pinned("ray_llm_image"), "imagePullPolicy": "Always",
+    return {"name": name, "image": ray_image(r), "imagePullPolicy": "Always",
             "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
             "env": [hf_token_env()],
             "resources": resources,
@@ -79,6 +108,15 @@ def _ray_container(r: ResolvedSpec, name: str, ports: list[tuple[str, int]],
                                 "runAsNonRoot": True, "runAsUser": 1000,   # the image's `ray` user
                                 "seccompProfile": {"type": "RuntimeDefault"}},
             "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}]}
+
+
+def ray_image(r: ResolvedSpec) -> str:
+    """The byo application runs on the project's image (with Ray); ray-llm on Ray's."""
+    return r.image if r.serve_app == "byo" else pinned("ray_llm_image")
+
+
+def ray_version(r: ResolvedSpec) -> str:
+    return pinned("ray_serve" if r.serve_app == "byo" else "ray")
 
 
 # Checkov checks the Ray pods the validator derives from this RayService's templates; these
@@ -142,7 +180,7 @@ def ray_service(r: ResolvedSpec) -> dict[str, Any]:
         "spec": {
             "serveConfigV2": yaml.safe_dump(serve_config(r), sort_keys=False),
             "rayClusterConfig": {
-                "rayVersion": pinned("ray"),
+                "rayVersion": ray_version(r),
                 "enableInTreeAutoscaling": True,
                 "headGroupSpec": head,
                 "workerGroupSpecs": [worker],

@@ -22,6 +22,7 @@ from options.core import BadInput, is_secret_name
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 ENGINES = ("deployment", "rayservice")
+SERVE_APPS = ("byo", "ray-llm")          # --engine rayservice's Serve application
 GPU_NODE_MODES = ("karpenter", "nodegroup")
 CAPACITY_TYPES = ("on-demand", "spot")
 EDGES = ("gateway", "nginx")
@@ -86,6 +87,7 @@ class EksSpec:
     region: str = "us-east-1"
     cluster_name: str = "spectrum"
     engine: str = "deployment"
+    serve_app: str = "byo"
     gpu_nodes: str = "karpenter"
     capacity_type: str = "on-demand"
     edge: str = "gateway"
@@ -294,7 +296,7 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
 
     problems: list[str] = []
     warnings: list[str] = []
-    if spec.engine != "rayservice":       # a RayService runs Ray's LLM image, not ours
+    if spec.engine != "rayservice" or spec.serve_app != "ray-llm":   # ray-llm: Ray's image
         _check_image(problems, spec.image)
     if not spec.model or not spec.model.strip():
         problems.append("model is missing: give --model, a Hugging Face id such as "
@@ -310,6 +312,10 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if not _REGION.match(spec.region or ""):
         problems.append(f"--region {spec.region!r} is not an AWS region name such as us-east-1")
     _check_choice(problems, "--engine", spec.engine, ENGINES)
+    _check_choice(problems, "--serve-app", spec.serve_app, SERVE_APPS)
+    if spec.serve_app != "byo" and spec.engine != "rayservice":
+        problems.append(f"--serve-app {spec.serve_app} applies to --engine rayservice only: add "
+                        "--engine rayservice, or drop --serve-app")
     _check_choice(problems, "--gpu-nodes", spec.gpu_nodes, GPU_NODE_MODES)
     _check_choice(problems, "--capacity-type", spec.capacity_type, CAPACITY_TYPES)
     _check_choice(problems, "--edge", spec.edge, EDGES)
@@ -395,7 +401,7 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if inst.gpus % gpus:
         warnings.append(f"{inst.name} has {inst.gpus} GPUs and each replica takes {gpus}: "
                         f"{inst.gpus % gpus} GPU(s) per node stay idle")
-    if spec.engine == "rayservice" and spec.image:
+    if spec.engine == "rayservice" and spec.serve_app == "ray-llm" and spec.image:
         warnings.append(f"--image is not used by --engine rayservice: the RayService runs "
                         f"{pinned('ray_llm_image')}")
     if spec.edge == "nginx":
@@ -448,6 +454,10 @@ def _check_adapters(problems: list[str], spec: EksSpec) -> None:
             problems.append(f"--adapter {name}={uri}: {uri!r} is not an s3://bucket/prefix (a "
                             "valid bucket name, then the folder holding adapter_config.json and "
                             "adapter_model.safetensors), e.g. s3://my-bucket/adapters/" + name)
+    if spec.adapters and spec.engine == "rayservice" and spec.serve_app == "byo":
+        problems.append("--adapter with --engine rayservice needs --serve-app ray-llm: the byo "
+                        "Serve application serves the base model only so far (or use --engine "
+                        "deployment, whose pods serve the adapters)")
     if spec.adapters and spec.engine == "rayservice" and not problems:
         parents = {uri.rstrip("/").rsplit("/", 1)[0] for _, uri in spec.adapters}
         misnamed = [f"{n}={u}" for n, u in spec.adapters if u.rstrip("/").rsplit("/", 1)[1] != n]

@@ -30,12 +30,12 @@ from typing import Any, Iterable
 import yaml
 
 from infra.eks.project_schemas import OPENAI_APP_ARGS, PROJECT_KINDS, SERVE_DEPLOY
+from infra.eks.rayservice import BYO_APP, OPENAI_APP
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS_ENV = "SPECTRUM_K8S_SCHEMAS"
 CHECKOV_ENV = "SPECTRUM_CHECKOV"
 EKSCTL_SCHEMA = "eksctl-v1alpha5.schema.json"
-OPENAI_APP = "ray.serve.llm:build_openai_app"
 YAMLLINT_CONFIG = """
 extends: default
 rules:
@@ -371,10 +371,9 @@ def _worker_gpus(doc: dict[str, Any]) -> list[tuple[int, int]]:
     return out
 
 
-def check_serve_configs(docs: Documents) -> Check:
-    from jsonschema import Draft202012Validator
-
-    check = Check("Ray Serve serveConfigV2 (project model of Ray Serve's deploy schema)")
+def _serve_configs(docs: Documents, check: Check):
+    """Each RayService's serveConfigV2 as (document, where, config); one that does not parse
+    fails ``check``."""
     for file, doc in docs:
         if doc.get("kind") != "RayService":
             continue
@@ -389,6 +388,50 @@ def check_serve_configs(docs: Documents) -> Check:
         if not isinstance(config, dict):
             check.fail(where, "must be a YAML mapping (Ray Serve's deploy config) given as a string")
             continue
+        yield doc, where, config
+
+
+def check_ray_serve_configs(docs: Documents) -> Check:
+    """Each serveConfigV2 through Ray's own ``ServeDeploySchema``, and the byo application's
+    args through its builder's own check (``byo_vllm.ray_serve.parse_args``)."""
+    check = Check("Ray Serve serveConfigV2 (Ray's own ServeDeploySchema)")
+    try:
+        from ray.serve.schema import ServeDeploySchema
+    except ImportError as e:
+        check.status, check.note = NOT_RUN, (f"Ray is not installed here ({e}): pip install "
+                                             "'spectrum[ray]' to check with Ray's own schema")
+        return check
+    for doc, where, config in _serve_configs(docs, check):
+        try:
+            ServeDeploySchema.model_validate(config)
+        except Exception as e:  # noqa: BLE001 - pydantic's ValidationError lists each field
+            check.fail(where, " ".join(str(e).split()))
+            continue
+        workers = _worker_gpus(doc)
+        for i, app in enumerate(config.get("applications") or []):
+            if app.get("import_path") != BYO_APP:
+                continue
+            from byo_vllm.config import ConfigError
+            from byo_vllm.ray_serve import parse_args
+            try:
+                parse_args(app.get("args"))
+            except ConfigError as e:
+                check.fail(f"{where} applications.{i}.args", str(e))
+                continue
+            need = (app.get("args") or {}).get("engine_num_gpus") or 0
+            if workers and need and not any(g >= need for g, _ in workers):
+                check.fail(f"{where} applications.{i}.args", f"an engine replica needs {need} "
+                           f"GPUs but worker pods have {max(g for g, _ in workers)}")
+    if not check.checked:
+        check.note = "no RayService in this stack (--engine rayservice renders one)"
+    return check
+
+
+def check_serve_configs(docs: Documents) -> Check:
+    from jsonschema import Draft202012Validator
+
+    check = Check("Ray Serve serveConfigV2 (project model of Ray Serve's deploy schema)")
+    for doc, where, config in _serve_configs(docs, check):
         problems = _schema_errors(Draft202012Validator(SERVE_DEPLOY), config)
         apps = config.get("applications") or []
         for attr in ("name", "route_prefix"):
@@ -580,7 +623,7 @@ def validate_documents(docs: list[tuple[str, dict[str, Any]]], k8s_version: str,
                        folder: Path | None = None) -> list[Check]:
     folder = folder if folder is not None else schema_dir()
     return [check_builtin_kinds(docs, k8s_version, folder), check_crd_kinds(docs, folder),
-            check_serve_configs(docs), check_project_kinds(docs)]
+            check_serve_configs(docs), check_ray_serve_configs(docs), check_project_kinds(docs)]
 
 
 def validate_rendered(rendered, out_dir: Path | None = None, run_checkov: bool = True,

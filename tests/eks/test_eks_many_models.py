@@ -30,6 +30,9 @@ def _needs_schemas(schemas):
 
 
 def spec(**kw) -> EksSpec:
+    """A spec; a RayService here runs ray.serve.llm, whose multiplexing serves the adapters."""
+    if kw.get("engine") == "rayservice":
+        kw.setdefault("serve_app", "ray-llm")
     return EksSpec(**{"image": IMAGE, "gateway_image": GATEWAY_IMAGE, **kw})
 
 

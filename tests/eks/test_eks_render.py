@@ -136,8 +136,28 @@ def test_classic_hpa_example_from_flags():
     assert any("ingress-nginx is retired" in w for w in r.warnings)
 
 
-def test_rayservice_uses_build_openai_app_with_the_same_settings():
+def test_rayservice_runs_the_byo_application_with_the_servers_settings_by_default():
     rendered = render(spec_for("g6e.12xlarge", 4, 2, "rayservice", "gateway", "karpenter"))
+    ray = docs_by_kind(rendered)["RayService"]
+    app = yaml.safe_load(ray["spec"]["serveConfigV2"])["applications"][0]
+    assert app["import_path"] == "byo_vllm.ray_serve:build_app"
+    assert app["args"]["settings"] == {
+        "SM_NUM_GPUS": "4", "SM_VLLM_TENSOR_PARALLEL_SIZE": "2",
+        "SM_VLLM_PIPELINE_PARALLEL_SIZE": "2", "SM_VLLM_MAX_MODEL_LEN": "8192",
+        "SM_VLLM_ENABLE_PREFIX_CACHING": "true", "SM_VLLM_GPU_MEMORY_UTILIZATION": "0.9"}
+    assert app["args"]["engine_num_gpus"] == 4
+    assert app["args"]["autoscaling_config"]["max_replicas"] == 6
+    cluster = ray["spec"]["rayClusterConfig"]
+    assert cluster["rayVersion"] == "2.60.0"
+    images = {c["image"] for group in [cluster["headGroupSpec"], *cluster["workerGroupSpecs"]]
+              for c in group["template"]["spec"]["containers"]}
+    assert images == {IMAGE}, "the project's serving image, not Ray's LLM image"
+    assert "HorizontalPodAutoscaler" not in docs_by_kind(rendered)
+
+
+def test_serve_app_ray_llm_keeps_build_openai_app_with_the_same_settings():
+    rendered = render(spec_for("g6e.12xlarge", 4, 2, "rayservice", "gateway", "karpenter",
+                               serve_app="ray-llm"))
     ray = docs_by_kind(rendered)["RayService"]
     config = yaml.safe_load(ray["spec"]["serveConfigV2"])
     app = config["applications"][0]
@@ -166,7 +186,8 @@ def test_no_secret_value_anywhere_and_no_stale_files(tmp_path):
 
 @pytest.fixture(scope="module")
 def base():
-    return render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter"))
+    return render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter",
+                           serve_app="ray-llm"))
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +252,28 @@ def test_serve_config_model_catches_bad_contents(base):
     def misspelt(d):
         d["spec"]["serveConfigV2"] = d["spec"]["serveConfigV2"].replace("import_path", "importpath")
     assert "importpath" in failures(v.check_serve_configs(broken(base, "RayService", misspelt)))
+
+
+def test_rays_own_schema_and_the_byo_builder_check_each_serve_config():
+    byo = render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter"))
+    docs = [(m.file, m.doc) for m in byo.manifests]
+    assert v.check_ray_serve_configs(docs).status == v.PASSED
+
+    def edit(change):
+        def mutate(d):
+            config = yaml.safe_load(d["spec"]["serveConfigV2"])
+            change(config["applications"][0])
+            d["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+        return failures(v.check_ray_serve_configs(broken(byo, "RayService", mutate)))
+
+    assert "invalid import path" in edit(lambda app: app.update(import_path="byo_vllm"))
+    assert "'replicas' is not an argument" in edit(lambda app: app["args"].update(replicas=2))
+    assert "SM_VLLM_MAX_MODEL_LEN=8192 must be a string" in edit(
+        lambda app: app["args"]["settings"].update(SM_VLLM_MAX_MODEL_LEN=8192))
+    assert "max_replicas" in edit(lambda app: app["args"]["autoscaling_config"].update(
+        max_replicas=0))
+    assert "needs 8 GPUs but worker pods have 4" in edit(
+        lambda app: app["args"].update(engine_num_gpus=8))
 
 
 def test_eksctl_schema_catches_a_misspelt_field(base):

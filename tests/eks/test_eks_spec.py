@@ -84,7 +84,20 @@ def test_defaults_fill_from_catalogue(prices):
     assert r.karpenter_gpu_name == "a10g"
 
 
-def test_rayservice_needs_no_image_and_says_an_image_is_unused(prices):
-    assert resolve(EksSpec(engine="rayservice"), prices).warnings == ()
-    r = resolve(EksSpec(engine="rayservice", image=IMAGE), prices)
+def test_ray_llm_needs_no_image_and_says_an_image_is_unused(prices):
+    assert resolve(EksSpec(engine="rayservice", serve_app="ray-llm"), prices).warnings == ()
+    r = resolve(EksSpec(engine="rayservice", serve_app="ray-llm", image=IMAGE), prices)
     assert any("--image is not used by --engine rayservice" in w for w in r.warnings)
+
+
+def test_the_byo_serve_app_runs_on_the_projects_image(prices):
+    with pytest.raises(BadInput, match="image is missing"):
+        resolve(EksSpec(engine="rayservice"), prices)
+    assert resolve(EksSpec(engine="rayservice", image=IMAGE), prices).warnings == ()
+    with pytest.raises(BadInput, match="--serve-app ray-llm applies to --engine rayservice only"):
+        resolve(EksSpec(image=IMAGE, serve_app="ray-llm"), prices)
+    with pytest.raises(BadInput, match="--serve-app 'llm' is not one of byo, ray-llm"):
+        resolve(EksSpec(engine="rayservice", image=IMAGE, serve_app="llm"), prices)
+    with pytest.raises(BadInput, match="--adapter with --engine rayservice needs --serve-app"):
+        resolve(EksSpec(engine="rayservice", image=IMAGE,
+                        adapters=(("a1", "s3://acme-adapters/llm/a1"),)), prices)
