@@ -48,6 +48,8 @@ IMPORT_PATH = f"{__name__}:build_app"
 # Requests one engine replica has in flight before Serve adds another, and the most it takes.
 TARGET_ONGOING_REQUESTS = 64
 MAX_ONGOING_REQUESTS = 128
+# Each answer says which engine replica gave it (Serve's replica id).
+REPLICA_HEADER = b"x-spectrum-replica"
 # The ingress only relays bytes: it takes many requests per replica.
 INGRESS_MAX_ONGOING_REQUESTS = 1024
 # Settings that are process environment for vLLM or the hub client rather than server settings.
@@ -210,7 +212,9 @@ class EngineServer:
             if why is not None:
                 raise RuntimeError(f"the engine could not start: {why}")
             await asyncio.sleep(0.2)
-        log.info("engine replica ready: %s", self.settings.served_model_name)
+        self.replica = serve.get_replica_context().replica_id.unique_id
+        self._replica_header = (REPLICA_HEADER, self.replica.encode())
+        log.info("engine replica %s ready: %s", self.replica, self.settings.served_model_name)
 
     def check_health(self) -> None:
         """Serve's health check: the engine is up, or the replica is replaced."""
@@ -236,6 +240,8 @@ class EngineServer:
         task.add_done_callback(lambda _: messages.put_nowait(None))
         try:
             while (message := await messages.get()) is not None:
+                if message["type"] == "http.response.start":   # which replica answered
+                    message["headers"] = [*message.get("headers", []), self._replica_header]
                 yield message
             task.result()
         finally:

@@ -1,0 +1,71 @@
+"""One local Ray for the whole test run (its own temp dir and ports, stopped with
+ray.shutdown(), never `ray stop`), and on it the application rung 6 renders by default."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+
+@pytest.fixture(scope="session")
+def local_ray_cluster():
+    pytest.importorskip("ray.serve", reason="Ray Serve is in the project's ray extra")
+    from options.eks.ray_local import local_ray
+
+    with local_ray(num_cpus=2) as cluster:
+        yield cluster
+
+
+# Small delays, so one test sees 1 -> 2 -> 1 replicas; a replica's start is an engine load.
+AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 2,
+               "upscale_delay_s": 1, "downscale_delay_s": 6, "look_back_period_s": 2,
+               "metrics_interval_s": 0.5}
+MAX_MODEL_LEN = "1024"
+
+
+def rendered_serve_config(model: str) -> dict:
+    """The serveConfigV2 rung 6 renders by default (--engine rayservice), parsed: only what
+    ties it to a GPU cluster is set for this machine (the model, GPUs, CPUs, autoscaling)."""
+    from infra.eks.render import render
+    from infra.eks.spec import EksSpec
+
+    rendered = render(EksSpec(engine="rayservice", image="registry.example/byo:1.0",
+                              max_model_len=int(MAX_MODEL_LEN)))
+    (ray,) = [m.doc for m in rendered.manifests if m.doc["kind"] == "RayService"]
+    config = yaml.safe_load(ray["spec"]["serveConfigV2"])
+    args = config["applications"][0]["args"]
+    args.update(model=model, engine_num_gpus=0, engine_num_cpus=1,
+                autoscaling_config=AUTOSCALING)
+    args["settings"].update(SM_VLLM_ENFORCE_EAGER="", VLLM_CPU_KVCACHE_SPACE="1")
+    return config
+
+
+def wait_for_app(name: str, timeout_s: float = 300) -> None:
+    from ray import serve
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        app = serve.status().applications.get(name)
+        status = str(app.status) if app else "absent"
+        if status.endswith("RUNNING"):
+            return
+        if status.endswith("DEPLOY_FAILED"):
+            raise AssertionError(f"application {name} failed to deploy: {app.message}")
+        time.sleep(0.5)
+    raise AssertionError(f"application {name} was not running after {timeout_s} s")
+
+
+@pytest.fixture(scope="session")
+def byo_ray_app(local_ray_cluster, tiny_model):
+    """The default rendered serve config, deployed as written through Serve's own
+    deploy-from-config path (the controller imports the builder and calls it with the args)."""
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    config = rendered_serve_config(str(tiny_model))
+    started = time.monotonic()
+    _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
+    wait_for_app("llm")
+    return {"url": local_ray_cluster.url, "config": config,
+            "ready_s": time.monotonic() - started}

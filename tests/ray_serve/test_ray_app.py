@@ -1,0 +1,181 @@
+"""Rung 6 on Ray, for real: the byo server's Serve application on a local Ray with the real
+vLLM engine on CPU, deployed from the serve config rung 6 renders by default.
+
+One Ray and one application for the module (session fixtures in conftest.py); the life-cycle
+test walks 1 -> 2 replicas under load, kills a replica mid-stream, and back to 1."""
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+import requests
+
+pytestmark = pytest.mark.engine
+
+REPLICA_HEADER = "x-spectrum-replica"
+
+
+def openai_client(app):
+    from openai import OpenAI
+    return OpenAI(base_url=app["url"] + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_default_rendered_config_deploys_as_written(byo_ray_app):
+    app = byo_ray_app["config"]["applications"][0]
+    assert app["import_path"] == "byo_vllm.ray_serve:build_app"
+    from ray import serve
+    deployments = serve.status().applications["llm"].deployments
+    assert set(deployments) == {"ingress", "engine"}
+    assert requests.get(byo_ray_app["url"] + "/ping", timeout=30).status_code == 200
+
+
+def test_openai_sdk_chat_completion_and_stream(byo_ray_app, tiny_model):
+    client = openai_client(byo_ray_app)
+    more = {"ignore_eos": True}
+    chat = client.chat.completions.create(
+        model=str(tiny_model), messages=[{"role": "user", "content": "Hello"}], max_tokens=5,
+        extra_body=more)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 5
+    completion = client.completions.create(model=str(tiny_model), prompt="Hello", max_tokens=4,
+                                           extra_body=more)
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage.completion_tokens == 4
+    chunks = list(client.chat.completions.create(
+        model=str(tiny_model), messages=[{"role": "user", "content": "Hi"}], max_tokens=6,
+        stream=True, extra_body=more))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) >= 1
+    from openai import BadRequestError
+    with pytest.raises(BadRequestError, match="max_tokens"):
+        client.completions.create(model=str(tiny_model), prompt="Hi", max_tokens=-1)
+
+
+@pytest.mark.parametrize("body, answer", [
+    ({"inputs": "Hello", "parameters": {"max_new_tokens": 4}}, "generated_text"),
+    ({"messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4}, "chat.completion"),
+    ({"prompt": "Hello", "max_tokens": 4}, "text_completion"),
+])
+def test_invocations_in_each_dialect(byo_ray_app, body, answer):
+    r = requests.post(byo_ray_app["url"] + "/invocations", json=body, timeout=120)
+    assert r.status_code == 200, r.text
+    data = r.json()
+    got = data[0] if isinstance(data, list) else data
+    assert answer in (got.get("object"), *got), got
+
+
+# ----------------------------------------------------------------------------------- life cycle
+
+class Load:
+    """Threads that keep one long stream each in flight until stopped; every stream's fate."""
+
+    def __init__(self, url: str, threads: int, max_tokens: int = 300) -> None:
+        self.url, self.max_tokens = url, max_tokens
+        self.stop = threading.Event()
+        self.lock = threading.Lock()
+        self.streams: list[dict] = []
+        self.threads = [threading.Thread(target=self._run, daemon=True) for _ in range(threads)]
+
+    def __enter__(self) -> "Load":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(120)
+            assert not t.is_alive(), "a client hung"
+
+    def in_flight(self) -> dict[str, int]:
+        with self.lock:
+            out: dict[str, int] = {}
+            for s in self.streams:
+                if s.get("replica") and "ended" not in s:
+                    out[s["replica"]] = out.get(s["replica"], 0) + 1
+            return out
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            s = {"started": time.monotonic()}
+            with self.lock:
+                self.streams.append(s)
+            try:
+                r = requests.post(self.url + "/v1/completions", stream=True, timeout=(10, 60),
+                                  json={"prompt": "Tell me a story", "stream": True,
+                                        "max_tokens": self.max_tokens, "ignore_eos": True})
+                s["status"] = r.status_code
+                s["replica"] = r.headers.get(REPLICA_HEADER)
+                for line in r.iter_lines():
+                    if line == b"data: [DONE]":
+                        s["done"] = True
+                    elif line.startswith(b"data: ") and b'"error"' in line:
+                        s["error"] = json.loads(line[6:])["error"]
+            except requests.RequestException as e:
+                s["error"] = f"{type(e).__name__}: {e}"
+            s["ended"] = time.monotonic()
+
+
+def engine_replicas() -> set[str]:
+    """The ids of the engine deployment's replica actors alive now."""
+    import ray
+
+    prefix = "SERVE_REPLICA::llm#engine#"
+    return {a["name"][len(prefix):] for a in ray.util.list_named_actors(all_namespaces=True)
+            if a["namespace"] == "serve" and a["name"].startswith(prefix)}
+
+
+def running_engine_replicas() -> int:
+    from ray import serve
+    states = serve.status().applications["llm"].deployments["engine"].replica_states
+    return states.get("RUNNING", 0)
+
+
+def wait_until(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
+    import ray
+
+    assert running_engine_replicas() == 1
+    with Load(byo_ray_app["url"], threads=4) as load:
+        loaded = time.monotonic()
+        # Serve's autoscaler: 4 ongoing requests over a target of 2 per replica -> 2 replicas
+        # (each start is an engine load).
+        wait_until(lambda: running_engine_replicas() == 2, 180, "a second engine replica")
+        scaled_up_s = time.monotonic() - loaded
+        both = wait_until(lambda: len(load.in_flight()) == 2 and load.in_flight(), 60,
+                          "streams in flight on both replicas")
+        victim, survivor = sorted(both)
+        before = engine_replicas()
+        killed_at = time.monotonic()
+        ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#engine#{victim}", namespace="serve"),
+                 no_restart=True)
+        replaced = wait_until(lambda: engine_replicas() - before, 10,
+                              "Serve to start a replacement replica")
+        replaced_s = time.monotonic() - killed_at
+        wait_until(lambda: all("ended" in s for s in load.streams
+                               if s.get("replica") == victim), 10,
+                   "the killed replica's streams to end")
+    cut = [s for s in load.streams if s.get("replica") == victim and s["started"] < killed_at]
+    spanning = [s for s in load.streams if s.get("replica") == survivor
+                and s["started"] < killed_at < s["ended"]]
+    assert cut and spanning, (cut, spanning)
+    for s in cut:
+        assert "error" in s and not s.get("done"), s
+        assert s["ended"] - killed_at < 10, "the client of a killed replica waited"
+    assert all(s.get("done") and "error" not in s for s in spanning), spanning
+    # No load: back to one replica after the downscale delay.
+    wait_until(lambda: running_engine_replicas() == 1 and len(engine_replicas()) == 1, 240,
+               "the engine deployment to scale back to 1 replica")
+    print(f"scaled 1 -> 2 in {scaled_up_s:.1f} s; replacement {sorted(replaced)} started "
+          f"{replaced_s:.1f} s after the kill; {len(cut)} stream(s) cut, "
+          f"{len(spanning)} completed on the other replica")
