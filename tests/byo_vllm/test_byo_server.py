@@ -315,6 +315,15 @@ BAD_INPUTS = [
     ("/v1/completions", b'{"prompt": "hi", "stream": "yes"}', 400, ["stream must be true or false"]),
     ("/invocations", b'{"inputs": "hi", "parameters": {"top_p": 0}}', 400,
      ["parameters.top_p=0", "greater than 0"]),
+    # A field nobody reads is refused by name, with the closest real one.
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+     b'"temprature": 0}', 400, ["'temprature'", "'temperature'"]),
+    # Tools without a tool-call parser: vLLM's own 400, naming the flags it needs.
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], "tools": '
+     b'[{"type": "function", "function": {"name": "f"}}], "tool_choice": "auto"}', 400,
+     ["--enable-auto-tool-choice", "--tool-call-parser"]),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "x"}], '
+     b'"top_logprobs": 2}', 400, ["top_logprobs", "logprobs"]),
 ]
 
 
@@ -422,6 +431,24 @@ def test_1000_half_sent_requests_leave_ping_fast_and_are_dropped(byo_server):
     r = byo_server.post("/v1/completions", {"prompt": "Still here?", "max_tokens": 3,
                                             "ignore_eos": True})
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
+
+
+def test_vllms_operational_routes_answer_as_vllms_do(byo_server):
+    """What vLLM's clients and probes call first: guidellm and Kubernetes probes /health."""
+    health = requests.get(byo_server.url + "/health", timeout=5)
+    assert health.status_code == 200 and health.content == b""
+    import vllm
+    assert requests.get(byo_server.url + "/version", timeout=5).json() == {
+        "version": vllm.__version__}
+    tokens = byo_server.post("/tokenize", {"prompt": "hello world"}).json()
+    assert tokens["count"] == len(tokens["tokens"]) > 0
+    assert tokens["max_model_len"] == MAX_MODEL_LEN
+    chat = byo_server.post("/tokenize", {"messages": [{"role": "user", "content": "hi"}]}).json()
+    assert chat["count"] > 2
+    text = byo_server.post("/detokenize", {"tokens": tokens["tokens"][1:]}).json()["prompt"]
+    assert text.strip() == "hello world"
+    bad = byo_server.post("/tokenize", {"prompt": "x", "tokenise": True})
+    assert bad.status_code == 400 and "'tokenise'" in bad.json()["error"]["message"]
 
 
 def test_unknown_route_is_json_404(byo_server):

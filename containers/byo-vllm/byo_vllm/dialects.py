@@ -32,6 +32,16 @@ DIALECTS = (OPENAI_CHAT, OPENAI_COMPLETIONS, TGI)
 DEFAULT_MAX_TOKENS = {OPENAI_COMPLETIONS: 16, OPENAI_CHAT: None, TGI: 100}
 MAX_STOP_SEQUENCES = 16
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+# The OpenAI fields the server's own lean path serves. A body with any other field (tools,
+# response_format, logprobs, echo ...), more than one choice, or messages carrying more than
+# a role and text goes to vLLM's OpenAI serving layer (openai_layer.py), which also refuses
+# names that neither reads.
+_SAMPLING_FIELDS = frozenset({
+    "model", "max_tokens", "n", "temperature", "top_p", "top_k", "seed", "repetition_penalty",
+    "presence_penalty", "frequency_penalty", "min_tokens", "ignore_eos", "stop", "stream",
+    "stream_options", "priority"})
+FAST_FIELDS = {OPENAI_CHAT: _SAMPLING_FIELDS | {"messages", "max_completion_tokens"},
+               OPENAI_COMPLETIONS: _SAMPLING_FIELDS | {"prompt"}}
 
 dumps_compact = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
 
@@ -94,13 +104,35 @@ def request_dialect(data: dict[str, Any], dialect: str | None = None) -> str:
     return name
 
 
+def fits_fast_path(data: dict[str, Any], dialect: str) -> bool:
+    """Whether the server's own path serves this OpenAI body (``FAST_FIELDS``, one choice,
+    messages of a role and text, one prompt), rather than vLLM's serving layer."""
+    if not data.keys() <= FAST_FIELDS[dialect] or data.get("n", 1) not in (1, None):
+        return False
+    options = data.get("stream_options")
+    if isinstance(options, dict) and not options.keys() <= {"include_usage"}:
+        return False
+    if dialect == OPENAI_COMPLETIONS:
+        prompt = data.get("prompt")
+        return not (isinstance(prompt, list) and prompt and not isinstance(prompt[0], int)
+                    and len(prompt) > 1)
+    messages = data.get("messages")
+    return not isinstance(messages, list) or all(
+        not isinstance(m, dict) or (m.keys() <= {"role", "content"} and m.get("role") != "tool")
+        for m in messages)
+
+
 def parse_request(body: bytes, dialect: str | None = None) -> GenerationRequest:
     """The body as a GenerationRequest; ``dialect`` None means detect it (``/invocations``).
 
     ``dialect`` is one of ``DIALECTS`` or an alias (``chat``, ``completion``, ``lmi``);
     ``req.dialect`` is always the dialect's one name."""
     data = parse_body(body)
-    dialect = request_dialect(data, dialect)
+    return request_from(data, request_dialect(data, dialect))
+
+
+def request_from(data: dict[str, Any], dialect: str) -> GenerationRequest:
+    """A parsed body of ``dialect`` (one of ``DIALECTS``) as a GenerationRequest."""
     if dialect == TGI:
         return _parse_tgi(data)
     req = GenerationRequest(dialect=dialect)
@@ -114,10 +146,6 @@ def parse_request(body: bytes, dialect: str | None = None) -> GenerationRequest:
     if req.max_tokens is None:
         req.max_tokens = (_int(data, "max_tokens", 1) if data.get("max_tokens") is not None
                           else DEFAULT_MAX_TOKENS[dialect])
-    n = data.get("n", 1)
-    if n != 1:
-        raise BadRequest(f"n={n!r}: this server returns one choice per request; send n=1",
-                         "n")
     req.sampling = _sampling(data, temperature_default=1.0)
     req.priority = parse_priority(data)
     req.stream = _bool(data, "stream", False)

@@ -8,8 +8,9 @@ the loop answers ``/ping`` with 503 meanwhile.
 
 The adapter uses only vLLM's public engine API (``AsyncLLM.generate``, ``encode`` for a
 pooling model's embeddings, ``abort``, ``get_tokenizer``, ``get_supported_tasks``,
-``errored``/``dead_error``, ``shutdown``). ``check_vllm`` verifies that
-API before loading: a vLLM without it leaves the server up with ``/ping`` answering 503 and
+``errored``/``dead_error``, ``shutdown``); the OpenAI routes' full vocabulary goes through
+vLLM's own serving layer on the same engine (openai_layer.py). ``check_vllm`` verifies both
+before loading: a vLLM without it leaves the server up with ``/ping`` answering 503 and
 saying why, never serving a silently wrong stream.
 """
 from __future__ import annotations
@@ -47,6 +48,9 @@ def check_vllm() -> str | None:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.lora.request import LoRARequest  # noqa: F401 - adapters.py builds these
+        # openai_layer.py builds vLLM's OpenAI serving layer with these.
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # noqa: F401
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: F401
     except ImportError as e:
         return (f"vLLM's engine API could not be imported ({e}); this server needs vLLM "
                 f"{' or '.join(v + 'x' for v in TESTED_VLLM)}")
@@ -79,6 +83,8 @@ class EngineAdapter:
         self.max_num_seqs = 0            # the scheduler's limits, said on /v1/models so a
         self.max_num_batched_tokens = 0  # capacity bench of a --url server reads, not assumes, them
         self.adapters = None              # adapters.AdapterRegistry when LoRA is on
+        self.serve_args = None            # vllm serve's parsed arguments (engine_args.py)
+        self.openai = None                # openai_layer.OpenAILayer once the engine is built
         self._zero_adapter = False
         # What the engine turned out to be, once built (the settings may leave it to vLLM).
         self.runner = ""                  # "generate" | "pooling"
@@ -113,6 +119,14 @@ class EngineAdapter:
             os._exit(WORKER_BOOT_ERROR)
         self.tasks = tuple(await self.engine.get_supported_tasks())
         self._describe_engine()
+        from .openai_layer import OpenAILayer
+        try:
+            self.openai = await OpenAILayer.build(self.engine, self.serve_args, self.tasks)
+        except Exception as e:  # noqa: BLE001 - the OpenAI routes are part of serving
+            log.exception("vLLM's OpenAI serving layer could not be set up")
+            self._fail(f"vLLM's OpenAI serving layer could not be set up: "
+                       f"{type(e).__name__}: {e}")
+            os._exit(WORKER_BOOT_ERROR)
         if self.engine.vllm_config.lora_config is not None:
             try:
                 await self._start_adapters()
@@ -127,9 +141,12 @@ class EngineAdapter:
         from vllm.usage.usage_lib import UsageContext
         from vllm.v1.engine.async_llm import AsyncLLM
 
-        from .engine_args import build_engine_args
+        from vllm.engine.arg_utils import AsyncEngineArgs
 
-        args = build_engine_args(self.settings)
+        from .engine_args import parse_serve_args
+
+        self.serve_args = parse_serve_args(self.settings)
+        args = AsyncEngineArgs.from_cli_args(self.serve_args)
         if args.enable_lora:
             self._reserve_lora_slots(args)
         started = time.monotonic()

@@ -1,8 +1,14 @@
-"""Settings → vLLM ``AsyncEngineArgs``, through vLLM's own command-line parser.
+"""Settings → vLLM's ``vllm serve`` arguments, through vLLM's own command-line parser.
 
 Going through the parser means every engine flag vLLM knows is accepted with vLLM's own
 types, choices and spellings (``1k`` for 1000, ``--no-x`` for false), and an unknown name is
 caught here with the variable that set it and the closest real names.
+
+Beside the engine's flags, the settings may carry the flags of vLLM's OpenAI serving layer
+that this server runs (``SERVING_FLAGS``: the tool-call parser, auto tool choice, the chat
+template ...), as SageMaker's vLLM image passes ``SM_VLLM_TOOL_CALL_PARSER`` on to
+``vllm serve``. The rest of ``vllm serve``'s own flags (host, port, API keys, TLS) belong to
+its HTTP server, which this one replaces: they are refused by name, never ignored.
 """
 from __future__ import annotations
 
@@ -25,24 +31,46 @@ LMI_DTYPES = {"fp16": "float16", "bf16": "bfloat16", "fp32": "float32"}
 COMPILE_CHOICES = ("enforce_eager", "compilation_config", "optimization_level")
 
 
+# The flags of vLLM's OpenAI serving layer (openai_layer.py) that the settings may set.
+SERVING_FLAGS = frozenset({
+    "tool_call_parser", "enable_auto_tool_choice", "tool_parser_plugin", "tool_strict_level",
+    "exclude_tools_when_tool_choice_none", "chat_template", "chat_template_content_format",
+    "default_chat_template_kwargs", "trust_request_chat_template", "response_role",
+    "return_tokens_as_token_ids", "enable_prompt_tokens_details", "enable_force_include_usage",
+})
+
+
 def engine_parser() -> argparse.ArgumentParser:
-    from vllm.engine.arg_utils import AsyncEngineArgs
+    """``vllm serve``'s parser: the engine's flags and its serving layer's."""
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    parser = FlexibleArgumentParser(prog="serve", exit_on_error=False)
-    return AsyncEngineArgs.add_cli_args(parser)
+    return make_arg_parser(FlexibleArgumentParser(prog="serve", exit_on_error=False))
+
+
+def _engine_flag_names() -> frozenset[str]:
+    import dataclasses
+
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    return frozenset(f.name for f in dataclasses.fields(AsyncEngineArgs))
 
 
 def engine_argv(settings: ServerSettings, parser: argparse.ArgumentParser) -> list[str]:
     """The flags vLLM would be started with; ConfigError names every bad variable."""
     actions = {opt: a for a in parser._actions for opt in a.option_strings}
+    usable = _engine_flag_names() | SERVING_FLAGS
     argv = ["--model", settings.model]
     problems = []
     for arg in settings.engine_args.values():
         flag = "--" + arg.name.replace("_", "-")
         action = actions.get(flag)
+        if action is not None and arg.name not in usable:
+            problems.append(f"{arg.source}: {arg.name!r} is a flag of vllm serve's own HTTP "
+                            "server, which this server replaces (it listens on 8080, as "
+                            "SageMaker expects): leave it out")
+            continue
         if action is None or arg.name == "model":
-            known = [o[2:].replace("-", "_") for o in actions if o.startswith("--")]
+            known = sorted(usable)
             close = difflib.get_close_matches(arg.name, known, n=3)
             problems.append(f"{arg.source}: {arg.name!r} is not a vLLM engine argument"
                             + (f" (did you mean {', '.join(close)}?)" if close else ""))
@@ -114,6 +142,13 @@ def compile_mode(settings: ServerSettings, on_cpu: bool, compiler: str | None,
 def build_engine_args(settings: ServerSettings):
     """AsyncEngineArgs for the settings; ConfigError instead of argparse's exit."""
     from vllm.engine.arg_utils import AsyncEngineArgs
+    return AsyncEngineArgs.from_cli_args(parse_serve_args(settings))
+
+
+def parse_serve_args(settings: ServerSettings) -> argparse.Namespace:
+    """``vllm serve``'s parsed arguments for the settings (the engine's and the serving
+    layer's), checked as ``vllm serve`` checks them; ConfigError instead of argparse's exit."""
+    from vllm.entrypoints.launchers.cli_args import validate_parsed_serve_args
     from vllm.platforms import current_platform
 
     parser = engine_parser()
@@ -130,4 +165,11 @@ def build_engine_args(settings: ServerSettings):
     except (SystemExit, argparse.ArgumentError, ValueError) as e:
         raise ConfigError(f"vLLM rejected the engine flags {argv}: "
                           f"{err.getvalue().strip() or e}") from None
-    return AsyncEngineArgs.from_cli_args(namespace)
+    namespace.served_model_name = [settings.served_model_name]
+    try:
+        validate_parsed_serve_args(namespace)
+    except (TypeError, ValueError) as e:     # e.g. auto tool choice without a parser
+        raise ConfigError(f"vLLM rejected the serving flags {argv}: {e}; the settings' "
+                          "names are the flags' in upper case after SM_VLLM_ (or OPTION_), "
+                          "e.g. SM_VLLM_TOOL_CALL_PARSER=pythonic") from None
+    return namespace

@@ -22,13 +22,14 @@ import time
 from urllib.parse import parse_qs
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
-from options.core.wire import OPENAI_EMBEDDINGS, TGI, UnknownDialect, detect_dialect
+from options.core.wire import (OPENAI_CHAT, OPENAI_COMPLETIONS, OPENAI_EMBEDDINGS, TGI,
+                               UnknownDialect, detect_dialect)
 
-from . import embeddings, metrics
+from . import embeddings, metrics, openai_layer
 from .asgi import ClientGone, Request, Send, respond, respond_error, respond_json, stream
 from .config import MAX_BODY_BYTES, ServerSettings
-from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, parse_body,
-                       parse_request, responder_for)
+from .dialects import (BadRequest, Finished, GenerationRequest, check_lengths, fits_fast_path,
+                       parse_body, request_dialect, request_from, responder_for)
 from .engine import EngineAdapter, EngineUnavailable
 
 DEFAULT_PAGE = 100          # GET /models without max_results
@@ -38,7 +39,8 @@ CUSTOM_ATTRIBUTES = "X-Amzn-SageMaker-Custom-Attributes"
 # SageMaker passes InvokeEndpoint's TargetModel in this header.
 TARGET_MODEL = b"x-amzn-sagemaker-target-model"
 ROUTES_TEXT = ("GET|POST /ping, POST /invocations, POST /v1/completions, POST "
-               "/v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /metrics, and "
+               "/v1/chat/completions, POST /v1/embeddings, GET /v1/models, GET /metrics, "
+               "GET /health, GET /version, POST /tokenize, POST /detokenize, and "
                "with LoRA on GET|POST "
                "/models, GET|DELETE /models/<name>, POST /models/<name>/invoke")
 LORA_OFF = ("this server serves one model: start it with SM_VLLM_ENABLE_LORA=true (or "
@@ -63,6 +65,11 @@ class Routes:
             "/v1/embeddings": {"POST": self.embeddings},
             "/v1/models": {"GET": self.models},
             "/metrics": {"GET": self.prometheus},
+            # vLLM's operational routes, which its clients and probes call.
+            "/health": {"GET": self.health},
+            "/version": {"GET": self.version},
+            "/tokenize": {"POST": self.tokenize},
+            "/detokenize": {"POST": self.detokenize},
             "/models": {"GET": self.list_models, "POST": self.load_model},
         }
 
@@ -240,6 +247,36 @@ class Routes:
         body, content_type = metrics.render()
         await respond(send, 200, body, content_type.encode(), extra)
 
+    # -- vLLM's operational routes, answered as vLLM's server answers them -------------------
+    async def health(self, request: Request, send: Send, extra: list) -> None:
+        """200 with no body while the engine serves; 503 while it loads or after it died
+        (vLLM's /health; /ping is SageMaker's)."""
+        if self.backend.ready:
+            await respond(send, 200, b"", b"application/json", extra)
+            return
+        await self.ping(request, send, extra)
+
+    async def version(self, request: Request, send: Send, extra: list) -> None:
+        try:
+            from vllm import __version__ as vllm_version
+        except ImportError:
+            vllm_version = None
+        await respond_json(send, {"version": vllm_version}, 200, extra)
+
+    async def tokenize(self, request: Request, send: Send, extra: list) -> None:
+        layer = self._openai_layer()
+        await layer.tokenize(parse_body(await self._body(request)), request, send, extra)
+
+    async def detokenize(self, request: Request, send: Send, extra: list) -> None:
+        layer = self._openai_layer()
+        await layer.detokenize(parse_body(await self._body(request)), request, send, extra)
+
+    def _openai_layer(self):
+        if self.engine is None:
+            raise BadRequest("this server runs a model.py handler: send requests to "
+                             "/invocations", None, 404)
+        return self._ready_engine().openai
+
     # -- what the engine can do -------------------------------------------------------------
     def _ready_engine(self) -> EngineAdapter:
         engine = self.engine
@@ -315,7 +352,12 @@ class Routes:
                              "/invocations", None, 404)
         if body is None:
             body = await self._body(request)
-        req = parse_request(body, dialect)
+        data = parse_body(body)
+        dialect = request_dialect(data, dialect)
+        if dialect != TGI and not fits_fast_path(data, dialect):
+            await self._generate_in_vllm_layer(request, send, extra, dialect, data, model)
+            return
+        req = request_from(data, dialect)
         self._ready_engine()
         if engine.runner != "generate":
             raise BadRequest(
@@ -328,14 +370,48 @@ class Routes:
         if engine.adapters is None:
             await self._generate_with(request, send, extra, req, None)
             return
-        if model is None and b'"model"' in body:      # OpenAI's field names the adapter
-            named = parse_body(body).get("model")
+        if model is None:                              # OpenAI's field names the adapter
+            named = data.get("model")
             model = named if isinstance(named, str) and named else None
         lease = await engine.adapters.acquire(model)
         try:
             await self._generate_with(request, send, extra, req, lease)
         finally:
             lease.release()
+
+    async def _generate_in_vllm_layer(self, request: Request, send: Send, extra: list,
+                                      dialect: str, data: dict[str, Any],
+                                      model: str | None) -> None:
+        """An OpenAI body beyond the lean path (tools, response_format, logprobs, n ...)
+        through vLLM's own serving layer (openai_layer.py), inside the adapter's lease."""
+        engine = self._ready_engine()
+        layer = engine.openai
+        if model is not None:                          # /models/<name>/invoke, TargetModel
+            data = dict(data, model=model)
+        elif engine.adapters is None and "model" in data:
+            # Without LoRA the server serves one model and ``model`` selects nothing: it
+            # answers as that model and says so (as the lean path does). vLLM's own server
+            # answers 404 to a name it does not serve.
+            data = dict(data, model=self.settings.served_model_name)
+        req = layer.parse(dialect, data)
+        if engine.runner != "generate":
+            raise BadRequest(f"this server's engine runs runner {engine.runner!r} and "
+                             "generates no text", "body")
+        lease = None
+        if engine.adapters is not None:
+            lease = await engine.adapters.acquire(req.model)
+        submitted = time.monotonic()
+        try:
+            with _engine_errors(engine):
+                usage = await layer.answer(dialect, req, request, send, extra,
+                                           lease.lora_request if lease is not None else None)
+        finally:
+            if lease is not None:
+                lease.release()
+        metrics.E2E.labels(dialect).observe(time.monotonic() - submitted)
+        prompt_tokens, completion_tokens = openai_layer.usage_tokens(usage)
+        metrics.PROMPT_TOKENS.inc(prompt_tokens)
+        metrics.OUTPUT_TOKENS.inc(completion_tokens)
 
     async def _generate_with(self, request: Request, send: Send, extra: list,
                              req: GenerationRequest, lease) -> None:
@@ -408,11 +484,16 @@ def _engine_errors(engine: EngineAdapter) -> Iterator[None]:
     400, and a failure because the engine died a 503."""
     try:
         yield
+    except (BadRequest, EngineUnavailable, ClientGone):
+        raise
     except engine.client_errors as e:
         raise BadRequest(f"the engine rejected the request: {e}") from None
     except Exception as e:
         if engine.dead_error:
             raise EngineUnavailable(engine.dead_error) from e
+        refused = openai_layer.as_bad_request(e)      # vLLM's own 4xx classes, as vLLM says
+        if refused is not None:
+            raise refused from None
         raise
 
 
