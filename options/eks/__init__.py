@@ -135,7 +135,8 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         raise BadInput(f"--model {model!r} is a local path, which pods in a cluster cannot read: "
                        "give a Hugging Face id, or an s3:// prefix the image can download")
     image = args.image
-    if not image and args.target != "aws" and args.serve_app != "ray-llm":
+    if not image and args.target != "aws" and not (args.engine == "rayservice"
+                                                   and args.serve_app == "ray-llm"):
         # Rendering, planning and the emulator pull nothing; a real cluster needs a registry URI.
         image = LOCAL_IMAGE
         notes.append(f"no --image: rendered with the local build tag {LOCAL_IMAGE}; a cluster "

@@ -165,7 +165,8 @@ def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
         wait_until(lambda: all("ended" in s for s in load.streams
                                if s.get("replica") == victim), 10,
                    "the killed replica's streams to end")
-    cut = [s for s in load.streams if s.get("replica") == victim and s["started"] < killed_at]
+    cut = [s for s in load.streams if s.get("replica") == victim
+           and s["started"] < killed_at < s["ended"]]
     spanning = [s for s in load.streams if s.get("replica") == survivor
                 and s["started"] < killed_at < s["ended"]]
     assert cut and spanning, (cut, spanning)
