@@ -52,7 +52,7 @@ REFUSED = [
     ({"prompt": "hi", "stop": ["a", ""]}, None, "stop", ["non-empty string"]),
     ({"prompt": "hi", "stop": ["s"] * (MAX_STOP_SEQUENCES + 1)}, None, "stop",
      [f"at most {MAX_STOP_SEQUENCES}"]),
-    ({"prompt": "hi", "n": 2}, None, "n", ["n=2", "send n=1"]),
+    ({"prompt": "hi", "n": 2}, None, "n", ["n=2", "one choice"]),
     ({"prompt": "hi", "stream": "yes"}, None, "stream", ["true or false", "'yes'"]),
     ({"prompt": "hi", "stream_options": []}, None, "stream_options", ["include_usage"]),
     ({"prompt": "hi", "stream_options": {"include_usage": 1}}, None,

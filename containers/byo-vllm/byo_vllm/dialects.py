@@ -146,6 +146,10 @@ def request_from(data: dict[str, Any], dialect: str) -> GenerationRequest:
     if req.max_tokens is None:
         req.max_tokens = (_int(data, "max_tokens", 1) if data.get("max_tokens") is not None
                           else DEFAULT_MAX_TOKENS[dialect])
+    n = data.get("n", 1)
+    if n not in (1, None):      # routes.py sends these to vLLM's serving layer instead
+        raise BadRequest(f"n={n!r}: the lean path answers one choice; more are served by "
+                         "vLLM's OpenAI serving layer (openai_layer.py)", "n")
     req.sampling = _sampling(data, temperature_default=1.0)
     req.priority = parse_priority(data)
     req.stream = _bool(data, "stream", False)

@@ -48,9 +48,6 @@ def check_vllm() -> str | None:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
         from vllm.v1.engine.async_llm import AsyncLLM
         from vllm.lora.request import LoRARequest  # noqa: F401 - adapters.py builds these
-        # openai_layer.py builds vLLM's OpenAI serving layer with these.
-        from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # noqa: F401
-        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: F401
     except ImportError as e:
         return (f"vLLM's engine API could not be imported ({e}); this server needs vLLM "
                 f"{' or '.join(v + 'x' for v in TESTED_VLLM)}")
@@ -61,6 +58,11 @@ def check_vllm() -> str | None:
     if "output_kind" not in getattr(SamplingParams, "__annotations__", {}) and \
             not hasattr(SamplingParams, "output_kind"):
         missing.append("SamplingParams.output_kind")
+    try:   # openai_layer.py builds vLLM's OpenAI serving layer with these
+        from vllm.entrypoints.launchers.api_server.app_state import init_app_state  # noqa: F401
+        from vllm.entrypoints.launchers.cli_args import make_arg_parser  # noqa: F401
+    except ImportError as e:
+        missing.append(f"its OpenAI serving layer ({e})")
     if missing:
         return (f"vLLM {version} lacks what this server calls: {', '.join(missing)}; use vLLM "
                 f"{' or '.join(v + 'x' for v in TESTED_VLLM)}")
