@@ -77,11 +77,61 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
                     help="SageMaker: launch to serving for a new instance (default: the dated table's)")
     fl.add_argument("--replica-start-s", type=float, metavar="S",
                     help="EKS: node launch + image pull + model load for a new replica (default: the dated table's)")
+    if add_pricing is not None:
+        from cost.simulate.rungs import RUNG6_AUTOSCALERS
+        fl.add_argument("--rung6-autoscaler", choices=RUNG6_AUTOSCALERS, default="hpa",
+                        help="who scales rung 6: hpa (default; the Deployment's HPA/KEDA on waiting requests) or "
+                             "ray-serve (--engine rayservice: Serve's autoscaler on ongoing requests per replica, "
+                             "with its delays)")
+        fl.add_argument("--target-ongoing", type=float, metavar="X",
+                        help="with --rung6-autoscaler ray-serve: simulate this target_ongoing_requests instead of "
+                             "searching")
+        fl.add_argument("--ray-autoscaling", action="append", default=[], metavar="KEY=VALUE",
+                        help="with --rung6-autoscaler ray-serve: one of Ray Serve's autoscaling_config settings "
+                             "(upscale_delay_s, downscale_delay_s, downscale_to_zero_delay_s, upscaling_factor, "
+                             "downscaling_factor, look_back_period_s, metrics_interval_s; default Ray 2.60's), "
+                             "repeatable, e.g. --ray-autoscaling upscale_delay_s=10")
     if eks_extended_support:
         fl.add_argument("--eks-extended-support", action="store_true",
                         help="price the EKS control plane on extended support")
     s.add_argument("--seed", type=int, default=0, help="seed of the router's and the retries' draws (default 0)")
     s.add_argument("--no-progress", action="store_true")
+
+
+def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
+    """(who scales rung 6, the Ray Serve autoscaling_config settings given): the flags checked
+    against each other, each setting by name."""
+    from cost.simulate.scaling import RAY_SERVE_KEYS
+
+    rung6 = getattr(args, "rung6_autoscaler", "hpa") or "hpa"
+    target_ongoing = getattr(args, "target_ongoing", None)
+    pairs = getattr(args, "ray_autoscaling", None) or []
+    if rung6 != "ray-serve":
+        given = [f for f, v in (("--target-ongoing", target_ongoing is not None), ("--ray-autoscaling", pairs)) if v]
+        if given:
+            raise BadInput(f"{' and '.join(given)} set Ray Serve's autoscaler: add --rung6-autoscaler ray-serve "
+                           "(rung 6 as --engine rayservice), or drop them for the HPA")
+        return rung6, {}
+    if args.target_waiting is not None:
+        raise BadInput(f"--target-waiting {args.target_waiting:g} is the HPA's target, and --rung6-autoscaler "
+                       "ray-serve scales on ongoing requests: give --target-ongoing X instead")
+    tunable = [k for k in RAY_SERVE_KEYS if k not in ("min_replicas", "max_replicas", "target_ongoing_requests")]
+    settings: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if key in ("min_replicas", "max_replicas", "target_ongoing_requests"):
+            flag = {"min_replicas": "--min-instances", "max_replicas": "--max-instances"}.get(key, "--target-ongoing")
+            raise BadInput(f"--ray-autoscaling {pair!r}: give {key} as {flag} (the simulator searches or bounds it)")
+        if not sep or key not in tunable:
+            raise BadInput(f"--ray-autoscaling {pair!r} must be KEY=VALUE with KEY one of {', '.join(tunable)}, "
+                           "e.g. --ray-autoscaling upscale_delay_s=10")
+        try:
+            settings[key] = float(value)
+        except ValueError:
+            raise BadInput(f"--ray-autoscaling {pair!r}: {value!r} is not a number of "
+                           f"{'seconds' if key.endswith('_s') else 'times'}, e.g. {key}=10") from None
+    return rung6, settings
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -123,7 +173,7 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
     from cost.breakeven import check_discount
     from cost.simulate.bedrock import BedrockSettings
     from cost.simulate.rungs import Setup, Simulation, Slo
-    from cost.simulate.scaling import QueueDepth, TargetTracking, scaling_defaults
+    from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, scaling_defaults
     from cost.traces import trace_from_args
 
     if not args.trace:
@@ -167,13 +217,22 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         extra = {} if args.replica_start_s is None else {"start_s": args.replica_start_s}
         eks_policy = QueueDepth(args.target_waiting, min_replicas=max(1, args.min_instances or 1),
                                 max_replicas=args.max_instances or 10, **extra)
+    rung6, ray_serve = rung6_autoscaling(args)
+    if rung6 == "ray-serve":
+        extra = {} if args.replica_start_s is None else {"start_s": args.replica_start_s}
+        if args.target_ongoing is not None:
+            eks_policy = RayServe(args.target_ongoing, min_replicas=max(1, args.min_instances or 1),
+                                  max_replicas=args.max_instances or 10, **ray_serve, **extra)
+        else:
+            RayServe(min_replicas=1, max_replicas=1, **ray_serve)      # checks the given settings first
     eks_fee = "control_plane_extended_support" if args.eks_extended_support else "control_plane"
     setup = Setup(price=price, tier=args.tier, instance=instance, capacity={lv: capacity for lv in range(2, 7)},
                   slo=Slo(args.slo_ttft_ms, args.slo_e2e_ms, args.slo_attainment), bedrock=bedrock,
                   eks_fixed_hourly=eks_fixed_hourly(table, eks_fee)["hourly"], discount_pct=args.discount,
                   routing=args.routing, scale_to_zero=args.scale_to_zero, min_instances=args.min_instances,
                   max_instances=args.max_instances, sagemaker_policy=sagemaker_policy, eks_policy=eks_policy,
-                  sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed)
+                  sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed,
+                  rung6_autoscaler=rung6, ray_serve=ray_serve)
     with _progress(args) as say:
         sim = Simulation(trace, setup, levels, progress=say)
         data = sim.run()
@@ -196,6 +255,10 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         "each replica is a continuous-batching server (FCFS queue, admission bounded by max sequences, the "
         "step's token budget and the KV cache); requests are routed " + args.routing.replace("_", " "),
         "Bedrock's latency is a stated assumption (TTFT + input/prompt rate + output/decode rate), not a measurement",
+        ("rung 6 scaled by Ray Serve's autoscaler (--engine rayservice): ongoing requests per replica averaged "
+         "over look_back_period_s, upscale/downscale delays, evaluated at each metrics record; a new replica is a "
+         "Ray worker pod on a new GPU node (node + image pull + model load)" if rung6 == "ray-serve" else
+         "rung 6 scaled by the HPA (KEDA) on vllm:num_requests_waiting with the behaviour rung 6 renders"),
         "break_even_scale prices other scales with the recommended invocations-per-instance target on the trace's "
         "per-minute counts x scale (cost/simulate/rungs.py says why)",
         *trace.notes,
@@ -331,6 +394,8 @@ def _policy_brief(row: dict[str, Any]) -> str:
         return f"{metric} {p['target']:g}, {p['min_instances']}-{p['max_instances']}"
     if p["kind"] == "hpa_keda_queue_depth":
         return f"waiting/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}"
+    if p["kind"] == "ray_serve_ongoing_requests":
+        return f"Ray Serve ongoing/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}"
     return p["kind"]
 
 
@@ -365,6 +430,12 @@ def render_simulation(data: dict[str, Any]) -> None:
     cheapest = data["cheapest_meeting_slo"]
     console.print(f"Cheapest meeting the SLO: {'rung ' + str(cheapest) if cheapest else 'none'}"
                   " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+    if data.get("rung6_autoscaler") == "ray-serve":
+        console.print("rung 6 scaled by Ray Serve's autoscaler (--engine rayservice); its autoscaling_config: "
+                      + json.dumps(data.get("ray_serve_autoscaling_config")), highlight=False)
+    elif data.get("rung6_autoscaler"):
+        console.print("rung 6 scaled by the HPA/KEDA on vllm:num_requests_waiting (--rung6-autoscaler ray-serve "
+                      "simulates Ray Serve's autoscaler)", highlight=False)
     for level, k in (data.get("break_even_scale") or {}).items():
         console.print(f"  rung {level} vs Bedrock: break-even at --scale {k:g}" if k is not None else
                       f"  rung {level} vs Bedrock: no break-even between 1/64 and 4096 x the trace", highlight=False)

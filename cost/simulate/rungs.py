@@ -29,7 +29,7 @@ from cost.prices import HOURS_PER_MONTH
 from cost.simulate import fleet as fleet_mod
 from cost.simulate.bedrock import THROTTLED, BedrockSettings, simulate_bedrock
 from cost.simulate.fleet import NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
-from cost.simulate.scaling import QueueDepth, TargetTracking, default
+from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
 from options.core import BadInput
 
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
@@ -41,6 +41,9 @@ ALL_LEVELS = (1, *SAGEMAKER_LEVELS, EKS_LEVEL)
 INVOCATION_SHARES = (1.0, 0.85, 0.7, 0.55, 0.4, 0.25)
 CONCURRENCY_TARGETS = (256, 128, 64, 32, 16, 8, 4, 2)
 WAITING_TARGETS = (32, 16, 8, 4, 2, 1, 0.5)
+ONGOING_TARGETS = (256, 128, 64, 32, 16, 8, 4, 2, 1)
+# Who scales rung 6: the HPA (KEDA) on the Deployment, or Ray Serve's autoscaler on the RayService.
+RUNG6_AUTOSCALERS = ("hpa", "ray-serve")
 
 
 @dataclass(frozen=True)
@@ -85,7 +88,9 @@ class Setup:
     min_instances: int | None = None
     max_instances: int | None = None
     sagemaker_policy: TargetTracking | None = None     # given: simulate with it instead of searching
-    eks_policy: QueueDepth | None = None
+    eks_policy: QueueDepth | RayServe | None = None
+    rung6_autoscaler: str = "hpa"     # "hpa" | "ray-serve"
+    ray_serve: dict[str, Any] | None = None   # autoscaling_config keys given (delays, factors, look-back)
     sagemaker_start_s: float | None = None
     eks_start_s: float | None = None
     seed: int = 0
@@ -233,10 +238,15 @@ class Simulation:
                           for c in CONCURRENCY_TARGETS if c <= max(2, cap.max_num_seqs)]
         return [by_invocations, by_concurrency]
 
-    def eks_candidates(self, cap) -> list[QueueDepth]:
+    def eks_candidates(self, cap) -> list[QueueDepth] | list[RayServe]:
         low, high = self.fleet_limits(cap)
         start = self.setup.eks_start_s
         extra = {} if start is None else {"start_s": start}
+        if self.setup.rung6_autoscaler == "ray-serve":
+            given = {k: v for k, v in (self.setup.ray_serve or {}).items()
+                     if k not in ("min_replicas", "max_replicas", "target_ongoing_requests")}
+            return [RayServe(t, min_replicas=max(1, low), max_replicas=high, **given, **extra)
+                    for t in ONGOING_TARGETS if t <= max(2, cap.max_num_seqs)]
         return [QueueDepth(w, min_replicas=max(1, low), max_replicas=high, **extra) for w in WAITING_TARGETS]
 
     def fresh(self, policy):
@@ -299,7 +309,9 @@ class Simulation:
             self.say(f"rung {level}: SageMaker target tracking")
             rows[level] = dict(self.sagemaker_row(level))
         if EKS_LEVEL in self.levels:
-            self.say("rung 6: EKS with HPA/KEDA on queue depth")
+            self.say("rung 6: EKS with " + ("Ray Serve's autoscaler on ongoing requests"
+                                            if self.setup.rung6_autoscaler == "ray-serve"
+                                            else "HPA/KEDA on queue depth"))
             rows[EKS_LEVEL] = dict(self.eks_row())
         goal = self.setup.slo.attainment
         factor = SECONDS_PER_MONTH / self.span_s
@@ -320,6 +332,9 @@ class Simulation:
             "slo": self.setup.slo.to_json(),
             "rungs": out,
             "cheapest_meeting_slo": cheapest,
+            **({"rung6_autoscaler": self.setup.rung6_autoscaler} if EKS_LEVEL in rows else {}),
+            **({"ray_serve_autoscaling_config": rows[EKS_LEVEL]["policy"]["autoscaling_config"]}
+               if EKS_LEVEL in rows and "autoscaling_config" in rows[EKS_LEVEL]["policy"] else {}),
             "break_even_scale": self.break_even_scales() if 1 in rows else {},
             "extrapolation": f"monthly_usd = window_usd x {factor:,.1f}: the trace's {self.span_s:,.0f} s "
                              f"repeated through a {HOURS_PER_MONTH}-hour month",

@@ -12,6 +12,9 @@
   tolerance, with the rendered ``behavior``: pods added at most N a period, scale-down to the
   highest recommendation of its stabilisation window, M pods a period. A new replica is a new
   GPU node (Karpenter) + image pull + model load.
+- EKS with Ray Serve (rung 6, ``--engine rayservice``): Serve's request-based autoscaler on
+  ongoing requests (queued + running) per replica, averaged over its look-back window, with its
+  upscale and downscale delays and smoothing factors (``RayServe``); the same replica start.
 
 Each policy has ``initial``, ``period_s``, ``start_s``, ``accepts_when_empty``, ``evaluate`` (see
 ``fleet.run_fleet``) and ``to_json`` (the setting it was simulated with, as a user would set it).
@@ -221,3 +224,162 @@ class QueueDepth:
                 "scale_up": f"{b.scale_up_pods} pods / {b.scale_up_period_s} s",
                 "scale_down_stabilization_s": b.scale_down_stabilization_s,
                 "scale_down": f"{b.scale_down_pods} pods / {b.scale_down_period_s} s", "replica_start_s": self.start_s}
+
+
+# Ray Serve's autoscaling_config keys the simulator models, in the order a config lists them.
+RAY_SERVE_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests", "upscale_delay_s",
+                  "downscale_delay_s", "downscale_to_zero_delay_s", "upscaling_factor", "downscaling_factor",
+                  "look_back_period_s", "metrics_interval_s")
+
+
+def ray_default(name: str):
+    return default("ray_serve", name)
+
+
+@dataclass
+class RayServe:
+    """Ray Serve's request-based autoscaler (``replica_queue_length_autoscaling_policy``, Ray
+    2.60), as KubeRay runs rung 6 with ``--engine rayservice``.
+
+    Every replica records its ongoing requests (queued + running) every
+    ``min(look_back_period_s x 0.2, metrics_interval_s)`` and pushes them every
+    ``metrics_interval_s``; the controller averages the total over the last
+    ``look_back_period_s`` of what has arrived. Its wish is ``total / target_ongoing_requests``
+    replicas, smoothed by ``upscaling_factor``/``downscaling_factor`` (``ceil(running + factor x
+    (wish - running))``, at least one fewer when a downscale would otherwise stall). A wish above
+    the current target (running + starting) acts only after it has held for ``upscale_delay_s``,
+    one below after ``downscale_delay_s`` (``downscale_to_zero_delay_s`` for 1 -> 0); the clock
+    restarts whenever the wish changes direction or matches. Then ``min_replicas``/``max_replicas``
+    bound it. With no replica running and requests waiting, one starts at once (the cold-start
+    path). A new replica is a Ray worker pod on a new GPU node: node + image pull + model load.
+
+    The simulator evaluates at each metrics record, not at the controller's 0.1 s loop: the
+    controller's input changes only when metrics arrive, so a delay ends at the first record at
+    or after it (the hand-worked tests choose delays that are multiples of the record interval).
+    """
+    target_ongoing_requests: float = field(default_factory=lambda: ray_default("target_ongoing_requests"))
+    min_replicas: int = 1
+    max_replicas: int = 10
+    upscale_delay_s: float = field(default_factory=lambda: ray_default("upscale_delay_s"))
+    downscale_delay_s: float = field(default_factory=lambda: ray_default("downscale_delay_s"))
+    downscale_to_zero_delay_s: float | None = None
+    upscaling_factor: float | None = None
+    downscaling_factor: float | None = None
+    look_back_period_s: float = field(default_factory=lambda: ray_default("look_back_period_s"))
+    metrics_interval_s: float = field(default_factory=lambda: ray_default("metrics_interval_s"))
+    start_s: float = field(default_factory=lambda: default("eks", "node_start_s") + default("eks", "image_pull_s")
+                           + default("eks", "model_load_s"))
+    accepts_when_empty: bool = True     # Serve's handles hold requests until a replica runs
+
+    def __post_init__(self) -> None:
+        def bad(name: str, value, why: str) -> BadInput:
+            return BadInput(f"Ray Serve autoscaling_config {name} {value!r} {why}")
+
+        def number(name: str, value, low: float, strict: bool, optional: bool = False) -> None:
+            if value is None and optional:
+                return
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or (value <= low if strict else value < low):
+                raise bad(name, value, f"must be a number {'>' if strict else '>='} {low:g} "
+                                       f"(Ray's AutoscalingConfig), e.g. {ray_default(name) or 1!r}")
+
+        number("target_ongoing_requests", self.target_ongoing_requests, 0, strict=True)
+        for name in ("upscale_delay_s", "downscale_delay_s"):
+            number(name, getattr(self, name), 0, strict=False)
+        number("downscale_to_zero_delay_s", self.downscale_to_zero_delay_s, 0, strict=False, optional=True)
+        for name in ("upscaling_factor", "downscaling_factor"):
+            number(name, getattr(self, name), 0, strict=True, optional=True)
+        for name in ("look_back_period_s", "metrics_interval_s"):
+            number(name, getattr(self, name), 0, strict=True)
+        for name, low in (("min_replicas", 0), ("max_replicas", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise bad(name, value, f"must be a whole number >= {low}")
+        if self.min_replicas > self.max_replicas:
+            raise BadInput(f"Ray Serve autoscaling_config min_replicas {self.min_replicas} > max_replicas "
+                           f"{self.max_replicas}: need min_replicas <= max_replicas")
+        self.period_s = min(self.look_back_period_s * ray_default("record_interval_factor"), self.metrics_interval_s)
+        self._samples: deque[tuple[float, float]] = deque()     # (time recorded, ongoing requests in all)
+        self._direction = 0                 # +1 wishing up, -1 wishing down, 0 neither
+        self._since: float | None = None    # when the current wish began
+
+    @property
+    def initial(self) -> int:
+        return self.min_replicas
+
+    def ongoing(self, now: float) -> float:
+        """The controller's view at ``now``: the mean of the records pushed by the last push
+        (``metrics_interval_s`` apart) within ``look_back_period_s`` of it."""
+        pushed = math.floor(now / self.metrics_interval_s + 1e-9) * self.metrics_interval_s
+        seen = [v for t, v in self._samples if pushed - self.look_back_period_s + 1e-9 < t <= pushed + 1e-9]
+        return sum(seen) / len(seen) if seen else 0.0
+
+    def _bound(self, n: int) -> int:
+        return min(self.max_replicas, max(self.min_replicas, n))
+
+    def evaluate(self, state) -> int:
+        now = state.now
+        self._samples.append((now, float(state.outstanding)))
+        while self._samples and self._samples[0][0] < now - self.look_back_period_s - self.metrics_interval_s:
+            self._samples.popleft()
+        running, target_now = state.in_service, state.in_service + state.starting
+        total = self.ongoing(now)
+        if running == 0:
+            # Cold start: requests wait and nothing runs, so start replicas now, no delay.
+            self._direction, self._since = 0, None
+            if total > 0 or state.outstanding > 0:
+                return self._bound(max(math.ceil(self.upscaling_factor or 1.0), target_now))
+            return self._bound(target_now)
+        wish = total / self.target_ongoing_requests
+        up = wish > running
+        factor = (self.upscaling_factor if up else self.downscaling_factor) or 1.0
+        smoothed = math.ceil(running + factor * (wish - running) - 1e-9)
+        if math.ceil(wish - 1e-9) < running and smoothed == running:
+            smoothed -= 1                   # a downscale the factor would stall still takes one
+        smoothed = max(0, smoothed)
+        direction = (smoothed > target_now) - (smoothed < target_now)
+        if direction == 0:
+            self._direction, self._since = 0, None
+            return self._bound(target_now)
+        if direction != self._direction:
+            self._direction, self._since = direction, now
+        if direction > 0:
+            delay = self.upscale_delay_s
+        else:
+            delay = (self.downscale_to_zero_delay_s if target_now == 1 and self.downscale_to_zero_delay_s is not None
+                     else self.downscale_delay_s)
+            if target_now > 1:
+                smoothed = max(1, smoothed)
+        if now - self._since + 1e-6 >= delay:
+            self._direction, self._since = 0, None
+            return self._bound(smoothed)
+        return self._bound(target_now)
+
+    def autoscaling_config(self) -> dict[str, Any]:
+        """The setting as Ray Serve's ``autoscaling_config`` takes it (options left at Ray's
+        defaults that Ray deprecates are left out)."""
+        config: dict[str, Any] = {key: getattr(self, key) for key in RAY_SERVE_KEYS}
+        for key in ("downscale_to_zero_delay_s", "upscaling_factor", "downscaling_factor"):
+            if config[key] is None:
+                del config[key]
+        if config["metrics_interval_s"] == ray_default("metrics_interval_s"):
+            del config["metrics_interval_s"]     # deprecated in Ray 2.60: set only when changed
+        return config
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": "ray_serve_ongoing_requests", "metric": "ongoing requests (queued + running) per replica",
+                "target": self.target_ongoing_requests, "min_replicas": self.min_replicas,
+                "max_replicas": self.max_replicas, "period_s": self.period_s, "replica_start_s": self.start_s,
+                "autoscaling_config": self.autoscaling_config()}
+
+
+def ray_serve_from_config(config: dict[str, Any], **extra) -> RayServe:
+    """A RayServe policy from an ``autoscaling_config`` mapping; unknown keys refused by name."""
+    if not isinstance(config, dict):
+        raise BadInput(f"Ray Serve autoscaling_config {config!r} must be a mapping, e.g. "
+                       "{target_ongoing_requests: 8, min_replicas: 1, max_replicas: 4}")
+    unknown = sorted(set(config) - set(RAY_SERVE_KEYS))
+    if unknown:
+        raise BadInput(f"Ray Serve autoscaling_config key(s) {', '.join(unknown)} not modelled by the simulator: "
+                       f"use {', '.join(RAY_SERVE_KEYS)}")
+    return RayServe(**{**config, **extra})
