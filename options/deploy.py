@@ -39,6 +39,8 @@ EXAMPLES = """examples:
       --autoscale-min 1 --autoscale-max 4 --autoscale-target 8   target tracking on the endpoint's variant
   python -m options.deploy --level 6 --min-replicas 1 --max-replicas 4 --target-waiting 2 --target-cpu 0
                                                               the HPA on vLLM's waiting requests per pod
+  python -m options.deploy --level 6 --engine rayservice --plan --autoscaling-from sim.json
+                                                              Serve's autoscaling as cost simulate chose it
   python -m options.deploy --level 1 --gateway                the gateway's config and IAM policy for this rung
 """
 
@@ -125,7 +127,7 @@ def build_parser(level: int | None) -> argparse.ArgumentParser:
 # platform is refused with the reason and the right flags, not argparse's bare "unrecognized".
 AUTOSCALING_FLAGS = {
     SAGEMAKER: ("--autoscale-min", "--autoscale-max", "--autoscale-metric", "--autoscale-target"),
-    EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu"),
+    EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu", "--autoscaling-from"),
 }
 HOW_IT_SCALES = {
     BEDROCK: "AWS runs the model and bills per token: there are no instances to scale; its limits are "
@@ -133,7 +135,8 @@ HOW_IT_SCALES = {
     SAGEMAKER: "Application Auto Scaling tracks a target on the endpoint's variant: use --autoscale-min N "
                "--autoscale-max M --autoscale-target X [--autoscale-metric invocations|concurrency]",
     EC2: "a HorizontalPodAutoscaler scales the pods: use --min-replicas N --max-replicas M "
-         "--target-waiting X (vLLM requests waiting per pod) [--target-cpu PCT]",
+         "--target-waiting X (vLLM requests waiting per pod) [--target-cpu PCT], or --autoscaling-from FILE "
+         "(cost simulate's --json; with --engine rayservice, Ray Serve's autoscaling_config)",
 }
 
 

@@ -56,8 +56,10 @@ def engine_kwargs(r: ResolvedSpec) -> dict[str, Any]:
 
 
 def autoscaling_config(r: ResolvedSpec) -> dict[str, Any]:
+    """Serve's autoscaling of the engine replicas: --min/--max-replicas, the target and what
+    ``--autoscaling-from`` took from ``cost simulate`` (its target, delays and look-back)."""
     return {"min_replicas": r.min_replicas, "max_replicas": r.max_replicas,
-            "target_ongoing_requests": TARGET_ONGOING_REQUESTS}
+            "target_ongoing_requests": TARGET_ONGOING_REQUESTS, **dict(r.ray_autoscaling)}
 
 
 def serve_config(r: ResolvedSpec) -> dict[str, Any]:

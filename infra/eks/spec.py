@@ -105,6 +105,9 @@ class EksSpec:
     gateway: bool = False                  # containers/gateway + Redis in front of the servers
     gateway_image: str = LOCAL_GATEWAY_IMAGE
     gateway_replicas: int = 2
+    # --engine rayservice: Ray Serve autoscaling_config settings beside min/max replicas and
+    # target_ongoing_requests (from cost simulate --rung6-autoscaler ray-serve: its delays, ...).
+    ray_autoscaling: tuple[tuple[str, Any], ...] = ()
     kubernetes_version: str = field(default_factory=lambda: pinned("kubernetes"))
 
 

@@ -58,6 +58,11 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="longest context in tokens (default: the model's), e.g. 8192")
     g.add_argument("--min-replicas", type=int, metavar="N", help="HPA minimum (default 1), e.g. 3")
     g.add_argument("--max-replicas", type=int, metavar="N", help="HPA maximum (default 3), e.g. 15")
+    g.add_argument("--autoscaling-from", metavar="FILE",
+                   help="the autoscaling cost simulate chose for rung 6: its --json output (the HPA's "
+                        "target, or with --engine rayservice the ray_serve_autoscaling_config of "
+                        "--rung6-autoscaler ray-serve) or a Ray Serve autoscaling_config JSON, e.g. "
+                        "--autoscaling-from sim.json")
     g.add_argument("--target-cpu", type=int, metavar="PCT",
                    help="HPA CPU utilisation target in %% (default 70; 0 = off), e.g. 70")
     g.add_argument("--target-waiting", type=float, metavar="N",
@@ -166,11 +171,88 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "gateway": bool(getattr(args, "gateway", False)),
         "gateway_image": args.gateway_image, "gateway_replicas": args.gateway_replicas,
     }
+    if getattr(args, "autoscaling_from", None):
+        given.update(_merge_autoscaling(args, autoscaling_from(args.autoscaling_from, args.engine)))
     if args.instance_type is None and args.gpu_type is None:
         given.pop("instance_type")
     spec = EksSpec(**{k: v for k, v in given.items() if v is not None})
     out_dir = args.out or os.path.join(DEFAULT_OUT, f"eks-{spec.name}")
     return Level6Spec(spec, out_dir, tuple(notes))
+
+
+def autoscaling_from(path: str, engine: str | None) -> dict[str, Any]:
+    """The spec fields a ``cost simulate --json`` document (or a bare Ray Serve
+    ``autoscaling_config``) sets for ``engine``: the HPA's min/max replicas and waiting target,
+    or Serve's min/max replicas and the rest of its autoscaling_config (``ray_autoscaling``)."""
+    import json
+
+    from cost.simulate.scaling import ray_serve_from_config
+
+    try:
+        doc = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise BadInput(f"--autoscaling-from {path!r} does not exist: write it with python -m cost "
+                       "simulate ... --rungs 6 --json > FILE") from None
+    except (OSError, ValueError) as exc:
+        raise BadInput(f"--autoscaling-from {path!r} is not JSON ({exc}): give cost simulate's --json "
+                       "output or a Ray Serve autoscaling_config") from None
+    if not isinstance(doc, dict):
+        raise BadInput(f"--autoscaling-from {path!r} holds a {type(doc).__name__}, not cost simulate's "
+                       "--json document or an autoscaling_config mapping")
+    ray = engine == "rayservice"
+    if "rungs" in doc:
+        policy = next((r.get("policy") or {} for r in doc["rungs"] if isinstance(r, dict)
+                       and r.get("level") == LEVEL), None)
+        if policy is None:
+            raise BadInput(f"--autoscaling-from {path!r} has no rung 6: simulate it with --rungs 6 (or "
+                           "--rungs 1,...,6)")
+        kind = policy.get("kind")
+        if ray and kind != "ray_serve_ongoing_requests":
+            raise BadInput(f"--autoscaling-from {path!r}: rung 6 was simulated with {kind} (the HPA), "
+                           "and --engine rayservice is scaled by Ray Serve: simulate with "
+                           "--rung6-autoscaler ray-serve, or deploy with --engine deployment")
+        if not ray and kind != "hpa_keda_queue_depth":
+            raise BadInput(f"--autoscaling-from {path!r}: rung 6 was simulated with {kind} (Ray Serve's "
+                           "autoscaler): add --engine rayservice, or simulate with --rung6-autoscaler hpa")
+        if not ray:
+            return {"min_replicas": policy["min_replicas"], "max_replicas": policy["max_replicas"],
+                    "target_waiting": float(policy["target"]), "target_cpu": 0}
+        config = policy.get("autoscaling_config") or doc.get("ray_serve_autoscaling_config")
+    elif not ray:
+        raise BadInput(f"--autoscaling-from {path!r} is not cost simulate's --json document; a bare "
+                       "autoscaling_config applies to --engine rayservice only")
+    else:
+        config = doc
+    checked = ray_serve_from_config(dict(config)).autoscaling_config()    # names a bad key or value
+    given = {k: v for k, v in config.items() if k in checked}
+    rest = tuple((k, v) for k, v in given.items() if k not in ("min_replicas", "max_replicas"))
+    out: dict[str, Any] = {"ray_autoscaling": rest}
+    for key in ("min_replicas", "max_replicas"):
+        if key in given:
+            out[key] = given[key]
+    return out
+
+
+def _merge_autoscaling(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
+    """The file's fields, refusing a flag given with another value."""
+    for key, value in fields.items():
+        flag_value = getattr(args, key, None)
+        if key != "ray_autoscaling" and flag_value is not None and flag_value != value:
+            flag = "--" + key.replace("_", "-")
+            raise BadInput(f"{flag} {flag_value} and --autoscaling-from {args.autoscaling_from} "
+                           f"({key} {value}) disagree: drop {flag}, or edit the file")
+    return fields
+
+
+def local_autoscaling_config(args: argparse.Namespace) -> dict[str, Any] | None:
+    """--engine rayservice --target local with --autoscaling-from: the autoscaling_config the
+    local application runs with (--min/--max-replicas bound it when given)."""
+    if not getattr(args, "autoscaling_from", None):
+        return None
+    fields = _merge_autoscaling(args, autoscaling_from(args.autoscaling_from, "rayservice"))
+    config = {"min_replicas": fields.get("min_replicas", args.min_replicas or 1),
+              "max_replicas": fields.get("max_replicas", args.max_replicas or 1)}
+    return {**config, **dict(fields["ray_autoscaling"])}
 
 
 def _ray_here(args: argparse.Namespace) -> Level6Spec:

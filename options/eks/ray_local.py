@@ -66,12 +66,15 @@ def run_app(args: dict[str, Any], name: str = APP_NAME):
     return serve.run(build_app(args), name=name, route_prefix="/")
 
 
-def local_app_args(model: str, options: tuple[tuple[str, str], ...]) -> dict[str, Any]:
-    """build_app's args for this machine: one engine replica, the options as its settings."""
+def local_app_args(model: str, options: tuple[tuple[str, str], ...],
+                   autoscaling: dict[str, Any] | None = None) -> dict[str, Any]:
+    """build_app's args for this machine: one engine replica (or Serve's autoscaling with
+    ``autoscaling``, e.g. what --autoscaling-from took from cost simulate), the options as its
+    settings."""
     settings = dict(options)
     settings.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # else most of a NUMA node
-    return {"model": model, "settings": settings, "num_replicas": 1,
-            "engine_num_cpus": LOCAL_ENGINE_CPUS}
+    sizing: dict[str, Any] = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": 1}
+    return {"model": model, "settings": settings, **sizing, "engine_num_cpus": LOCAL_ENGINE_CPUS}
 
 
 def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Namespace) -> int:
@@ -84,7 +87,9 @@ def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Names
 
     say = Console(args.json)
     model = str(source.local_folder()) if source.path or source.tiny else source.hub_id
-    app_args = local_app_args(model, options)
+    from options.eks import local_autoscaling_config
+
+    app_args = local_app_args(model, options, local_autoscaling_config(args))
     summary: dict[str, Any] = {"level": 6, "target": "local", "engine": "rayservice",
                                "model": source.label}
     say("Level 6 — EKS with --engine rayservice, on this machine: the byo server as a Ray Serve "
