@@ -92,6 +92,10 @@ class Request:
     ignore_eos: bool = False
     model: str | None = None      # the model name OpenAI-style servers and Bedrock need
     priority: int | None = None
+    # OpenAI function tools and the choice among them ("auto", "required", "none" or
+    # {"type": "function", "function": {"name": ...}}): the openai-chat dialect carries them.
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if (self.prompt is None) == (self.messages is None):
@@ -118,6 +122,22 @@ class Request:
                                           or isinstance(self.priority, bool)):
             raise BadInput(f"priority={self.priority!r} must be a whole number (lower runs "
                            "earlier; 0 is the default), e.g. priority=-1")
+        if self.tools is not None:
+            for t in self.tools:
+                fn = t.get("function") if isinstance(t, dict) else None
+                if not (isinstance(t, dict) and t.get("type") == "function"
+                        and isinstance(fn, dict) and isinstance(fn.get("name"), str) and fn["name"]):
+                    raise BadInput(f"tool {t!r} is not an OpenAI function tool: "
+                                   "{'type': 'function', 'function': {'name': ..., 'parameters': {...}}}")
+        if self.tool_choice is not None and not self.tools:
+            raise BadInput(f"tool_choice={self.tool_choice!r} without tools: give the tools to "
+                           "choose from, or leave tool_choice out")
+
+    def refuse_tools(self, dialect_name: str) -> None:
+        """BadInput when this request carries tools a dialect cannot say."""
+        if self.tools:
+            raise BadInput(f"the {dialect_name} dialect cannot carry tools: send the request "
+                           f"with tools through {OPENAI_CHAT}, or leave the tools out")
 
     def as_messages(self) -> list[dict[str, Any]]:
         return [dict(m) for m in self.messages] if self.messages is not None \
@@ -144,8 +164,9 @@ def _from_messages(messages: list[dict[str, Any]], **kw: Any) -> Request:
 @dataclass
 class StreamEvent:
     """One thing a stream said: a text delta, the token usage, or the finish reason."""
-    kind: str                       # "text" | "usage" | "finish"
-    text: str = ""
+    kind: str                       # "text" | "usage" | "finish" | "tool_call"
+    text: str = ""                  # a text delta, or a tool call's arguments delta
+    tool: tuple[int, str | None] | None = None     # a tool call's (index, name when first said)
     usage: Usage | None = None
     finish_reason: str | None = None
     t: float = field(default_factory=time.perf_counter)   # when the client saw it
@@ -158,10 +179,14 @@ class Result:
     usage: Usage = field(default_factory=Usage)
     timings: Timings = field(default_factory=Timings)
     raw: Any = None                 # the decoded answer body, for debugging and --json
+    tool_calls: list[dict[str, str]] = field(default_factory=list)   # [{"name", "arguments"}]
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "finish_reason": self.finish_reason,
-                "usage": self.usage.to_json(), "timings": self.timings.to_json()}
+        out = {"text": self.text, "finish_reason": self.finish_reason,
+               "usage": self.usage.to_json(), "timings": self.timings.to_json()}
+        if self.tool_calls:
+            out["tool_calls"] = [dict(c) for c in self.tool_calls]
+        return out
 
 
 def collect(events: Iterable[StreamEvent], started: float | None = None) -> Result:
@@ -169,9 +194,16 @@ def collect(events: Iterable[StreamEvent], started: float | None = None) -> Resu
     text: list[str] = []
     usage, finish = Usage(), None
     times: list[float] = []
+    calls: dict[int, dict[str, str]] = {}
     for ev in events:
         if ev.kind == "text" and ev.text:
             text.append(ev.text)
+            times.append(ev.t)
+        elif ev.kind == "tool_call" and ev.tool is not None:
+            index, name = ev.tool
+            call = calls.setdefault(index, {"name": "", "arguments": ""})
+            call["name"] = name or call["name"]
+            call["arguments"] += ev.text
             times.append(ev.t)
         elif ev.kind == "usage" and ev.usage:
             usage = Usage(*(new if new is not None else old
@@ -182,7 +214,8 @@ def collect(events: Iterable[StreamEvent], started: float | None = None) -> Resu
     if times and started is not None:
         timings = Timings(ttft_s=times[0] - started, e2e_s=times[-1] - started,
                           itl_s=[b - a for a, b in zip(times, times[1:])])
-    return Result("".join(text), finish, usage, timings)
+    return Result("".join(text), finish, usage, timings,
+                  tool_calls=[calls[i] for i in sorted(calls)])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,6 +311,7 @@ class OpenAICompletions(_OpenAI):
     path = "/v1/completions"
 
     def to_wire(self, req: Request) -> dict[str, Any]:
+        req.refuse_tools(self.name)
         return {"prompt": req.as_text(), **self._common(req)}
 
     def from_wire(self, body: dict[str, Any]) -> Request:
@@ -307,7 +341,25 @@ class OpenAIChat(_OpenAI):
 
     def to_wire(self, req: Request) -> dict[str, Any]:
         system = [{"role": "system", "content": req.system}] if req.system else []
-        return {"messages": system + req.as_messages(), **self._common(req)}
+        return {"messages": system + req.as_messages(), **self._common(req),
+                **_opt(tools=req.tools, tool_choice=req.tool_choice)}
+
+    def result_from_wire(self, body: Any) -> Result:
+        result = super().result_from_wire(body)
+        message = ((body.get("choices") or [{}])[0].get("message") or {})
+        result.tool_calls = [{"name": (c.get("function") or {}).get("name") or "",
+                              "arguments": (c.get("function") or {}).get("arguments") or ""}
+                             for c in message.get("tool_calls") or []]
+        return result
+
+    def events_from_wire(self, msg: Any) -> list[StreamEvent]:
+        said = super().events_from_wire(msg)
+        calls = [StreamEvent("tool_call", text=(call.get("function") or {}).get("arguments") or "",
+                             tool=(int(call.get("index") or 0),
+                                   (call.get("function") or {}).get("name")))
+                 for choice in msg.get("choices") or []
+                 for call in (choice.get("delta") or {}).get("tool_calls") or []]
+        return calls + said          # the finish reason comes after the calls it ends
 
     def from_wire(self, body: dict[str, Any]) -> Request:
         messages = body.get("messages")
@@ -317,7 +369,8 @@ class OpenAIChat(_OpenAI):
         rest = [{"role": m.get("role"), "content": _content_text(m.get("content"))}
                 for m in messages if not (isinstance(m, dict) and m.get("role") == "system")]
         return _from_messages(rest, system="\n\n".join(map(_content_text, system)) or None,
-                              **self._common_back(body))
+                              **self._common_back(body),
+                              **_opt(tools=body.get("tools"), tool_choice=body.get("tool_choice")))
 
     def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
         part = choice.get("delta" if streaming else "message") or {}
@@ -357,6 +410,7 @@ class TgiInputs(Dialect):
     name = TGI
 
     def to_wire(self, req: Request) -> dict[str, Any]:
+        req.refuse_tools(self.name)
         params = _opt(max_new_tokens=req.max_tokens, temperature=req.temperature,
                       top_p=req.top_p, stop=req.stop)
         if req.temperature:                  # TGI samples only when asked to
@@ -446,6 +500,7 @@ class BedrockConverse(Dialect):
     _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens"}
 
     def to_wire(self, req: Request) -> dict[str, Any]:
+        req.refuse_tools(self.name)
         if not req.model:
             raise BadInput("Bedrock needs a model id (e.g. amazon.nova-micro-v1:0 or a "
                            "cross-region profile such as us.amazon.nova-micro-v1:0)")

@@ -142,3 +142,58 @@ def test_collect_times_match_the_definitions():
     res = collect(evs, started=1.0)
     assert res.timings == Timings(ttft_s=0.5, e2e_s=1.25, itl_s=[0.25, 0.5])
     assert res.timings.e2e_s == pytest.approx(res.timings.ttft_s + sum(res.timings.itl_s))
+
+
+# --- tools (openai-chat only) ---------------------------------------------------------------
+TOOL = {"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}
+
+
+def test_tools_go_out_in_openai_chat_and_come_back_as_calls():
+    chat = contract.dialect("openai-chat")
+    req = Request(prompt="hi", tools=[TOOL], tool_choice="required")
+    body = chat.to_wire(req)
+    assert body["tools"] == [TOOL] and body["tool_choice"] == "required"
+    assert chat.from_wire(body).tools == [TOOL]
+    answer = {"choices": [{"index": 0, "finish_reason": "tool_calls", "message": {
+        "role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "lookup", "arguments": "{}"}},
+            {"id": "c2", "type": "function", "function": {"name": "lookup", "arguments": '{"a":1}'}}]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 9}}
+    res = chat.result_from_wire(answer)
+    assert res.tool_calls == [{"name": "lookup", "arguments": "{}"},
+                              {"name": "lookup", "arguments": '{"a":1}'}]
+    assert res.to_json()["tool_calls"] == res.tool_calls and res.text == ""
+
+
+def test_streamed_tool_calls_are_joined_by_index():
+    chat = contract.dialect("openai-chat")
+    chunks = [
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "id": "a", "function": {"name": "lookup", "arguments": ""}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": '{"q":'}},
+            {"index": 1, "id": "b", "function": {"name": "other", "arguments": "{}"}}]}}]},
+        {"choices": [{"index": 0, "delta": {"tool_calls": [
+            {"index": 0, "function": {"arguments": '"x"}'}}]}, "finish_reason": "tool_calls"}]},
+    ]
+    events = [e for c in chunks for e in chat.events_from_wire(c)]
+    assert events[-1].kind == "finish"          # after the calls it ends
+    res = contract.collect(events, started=0.0)
+    assert res.tool_calls == [{"name": "lookup", "arguments": '{"q":"x"}'},
+                              {"name": "other", "arguments": "{}"}]
+
+
+@pytest.mark.parametrize("name", ["openai-completions", "tgi", "bedrock"])
+def test_dialects_without_tools_refuse_them_by_name(name):
+    with pytest.raises(BadInput, match=f"{name} dialect cannot carry tools"):
+        contract.dialect(name).to_wire(Request(prompt="hi", tools=[TOOL], model="m"))
+
+
+@pytest.mark.parametrize("kw,words", [
+    ({"tools": [{"type": "function", "function": {}}]}, "not an OpenAI function tool"),
+    ({"tools": [{"name": "lookup"}]}, "not an OpenAI function tool"),
+    ({"tool_choice": "required"}, "without tools"),
+])
+def test_bad_tools_are_named(kw, words):
+    with pytest.raises(BadInput, match=words):
+        Request(prompt="hi", **kw)

@@ -45,6 +45,25 @@ def planner_prompt(question: str) -> str:
             "List the actions to run, in order, separated by commas.\nPlan:")
 
 
+def plan_tools() -> list[dict]:
+    """The registry's actions as OpenAI function tools: a planner that can call tools plans by
+    calling them, in order (``tool_choice: required`` makes its answer a list of calls)."""
+    return [{"type": "function", "function": {
+        "name": a.name, "description": a.what,
+        "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}
+        for a in ACTIONS.values()]
+
+
+def read_tool_plan(calls: list[dict]) -> list[str]:
+    """The actions a planner's tool calls name, in their order, once each."""
+    plan: list[str] = []
+    for call in calls:
+        name = call.get("name")
+        if name in ACTIONS and name not in plan:
+            plan.append(name)
+    return plan
+
+
 def read_plan(text: str) -> list[str]:
     """The registry's actions a planner's answer names, in the order it names them, once each."""
     names = {alias: a.name for a in ACTIONS.values() for alias in (a.name, *a.aliases)}

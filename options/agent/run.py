@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from options.agent.actions import (ACTIONS, DEFAULT_PLAN, PLAN_MAX_TOKENS, SYSTEM_PROMPT, model_prompt,
-                                   planner_prompt, read_plan)
+                                   plan_tools, planner_prompt, read_plan, read_tool_plan)
 from options.agent.retrieval import Embedded, Embedder, EmbeddingsNotServed, HashedBagOfWords, Index, Passage
-from options.contract import Request, Result, StreamEvent, Usage, collect
+from options.contract import InvokeError, Request, Result, StreamEvent, Usage, collect
 from options.core import BadInput
 
 TRACE_SCHEMA = "spectrum.agent-trace/1"
+# A tool-call plan is a JSON list of calls with no arguments: a few tokens each.
+PLAN_TOOL_TOKENS = 96
 
 
 class AgentFailed(RuntimeError):
@@ -36,6 +38,9 @@ class Model:
     streams: bool = True                # False: one answer per call (no TTFT), e.g. on moto's SageMaker
     embedder: Embedder | None = None    # the rung's embeddings, tried before the local fallback
     no_embeddings: str = "the rung serves no embeddings route"    # why there is none to try
+    # The target's dialect carries OpenAI tools (openai-chat): the planner then plans by tool
+    # calls, and falls back to a text plan, saying why, where the server refuses them.
+    tool_calls: bool = False
 
     def cost(self, usage: Usage, e2e_s: float | None) -> float | None:
         if usage.cost_usd is not None:                 # Bedrock: tokens × the price table
@@ -55,17 +60,21 @@ class Call:
     e2e_ms: float | None
     cost_usd: float | None
     text: str = ""
+    tool_calls: list[dict[str, str]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         return {"endpoint": self.endpoint, "role": self.role, "input_tokens": self.input_tokens,
                 "output_tokens": self.output_tokens, "ttft_ms": self.ttft_ms, "e2e_ms": self.e2e_ms,
-                "cost_usd": self.cost_usd, "text": self.text}
+                "cost_usd": self.cost_usd, "text": self.text,
+                **({"tool_calls": self.tool_calls} if self.tool_calls else {})}
 
 
-def call_model(model: Model, role: str, prompt: str, max_tokens: int) -> Call:
-    """One streamed call; its TTFT and E2E measured from just before it is sent."""
+def call_model(model: Model, role: str, prompt: str, max_tokens: int,
+               tools: list[dict] | None = None) -> Call:
+    """One streamed call; its TTFT and E2E measured from just before it is sent. With
+    ``tools``, the model must answer by calling them (``tool_choice: required``)."""
     req = Request(prompt=prompt, system=SYSTEM_PROMPT, max_tokens=max_tokens, stream=model.streams,
-                  model=model.model)
+                  model=model.model, tools=tools, tool_choice="required" if tools else None)
     started = time.perf_counter()
     answer = model.send(req)
     res = answer if isinstance(answer, Result) else collect(answer, started)
@@ -73,7 +82,7 @@ def call_model(model: Model, role: str, prompt: str, max_tokens: int) -> Call:
     e2e_s = res.timings.e2e_s if res.timings.e2e_s is not None else time.perf_counter() - started
     ttft_ms = None if res.timings.ttft_s is None else res.timings.ttft_s * 1000
     return Call(model.endpoint, role, res.usage.input_tokens, res.usage.output_tokens, ttft_ms, e2e_s * 1000,
-                model.cost(res.usage, e2e_s), res.text)
+                model.cost(res.usage, e2e_s), res.text, [dict(c) for c in res.tool_calls])
 
 
 def embed_call(model: Model, index: Index, role: str, embedded: Embedded) -> Call:
@@ -162,14 +171,28 @@ def _run(trace: Trace, index: Index, model: Model, actions: list[str] | None, ma
     if actions is not None:
         trace.plan, trace.plan_source = list(actions), "--actions"
     else:
-        planned = record(call_model(model, "plan", planner_prompt(question), PLAN_MAX_TOKENS))
-        trace.plan = read_plan(planned.text)
-        trace.plan_source = "the model's plan"
+        refused = None
+        if model.tool_calls:
+            try:
+                planned = record(call_model(model, "plan", planner_prompt(question), PLAN_TOOL_TOKENS,
+                                            tools=plan_tools()))
+            except InvokeError as exc:
+                if exc.status != 400:
+                    raise
+                refused = str(exc)[:200]
+            else:
+                trace.plan = read_tool_plan(planned.tool_calls)
+                trace.plan_source = "the model's plan (tool calls)"
+        if not model.tool_calls or refused is not None:
+            planned = record(call_model(model, "plan", planner_prompt(question), PLAN_MAX_TOKENS))
+            trace.plan = read_plan(planned.text)
+            trace.plan_source = "the model's plan" + (
+                f" (text: the target refused tool calls: {refused})" if refused else "")
         if not trace.plan:
             # A planner that names no known action would leave nothing to run: say so, run the default.
             trace.plan = list(DEFAULT_PLAN)
             trace.plan_source = (f"the default plan: the model's plan named no known action "
-                                 f"({planned.text.strip()[:80]!r})")
+                                 f"({(planned.text.strip() or str(planned.tool_calls))[:80]!r})")
     trace.retrieval = retrieval_about(index, model, top_k)
     passages: list[str] = []
     context = ""

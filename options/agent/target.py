@@ -10,7 +10,7 @@ from urllib.parse import urlsplit
 
 from options.agent.retrieval import EndpointEmbeddings, ServedEmbeddings
 from options.agent.run import AgentFailed, Model
-from options.core import BEDROCK, BadInput, rung
+from options.core import BEDROCK, OPENAI_CHAT, BadInput, rung
 
 BYO_IMAGE_RUNG = "options.byo_image"     # the rung whose endpoint runs containers/byo-vllm
 SELF_HOSTED_BASIS = "instance time: e2e × the instance's hourly price (one call at a time; shared under load)"
@@ -43,7 +43,8 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(args.url, req, dialect, timeout_s=args.timeout),
                     f"{args.url.rstrip('/')} ({dialect})", args.model, hourly, basis,
-                    embedder=ServedEmbeddings(_origin(args.url), args.model, args.timeout))
+                    embedder=ServedEmbeddings(_origin(args.url), args.model, args.timeout),
+                    tool_calls=dialect == OPENAI_CHAT)
         return
     if r.can.dialect == BEDROCK:
         if args.target == "local":
@@ -100,9 +101,23 @@ def open_model(args: argparse.Namespace, say) -> Iterator[Model]:
     from options.local_server import serve_here
 
     with local_server_env(level, args.model, args.option) as (env, what), \
-            serve_here(env, f"level {level}'s server: {what}", say, log_name=f"agent-level{level}") as url:
+            serve_here(_with_tool_parser(env, dialect), f"level {level}'s server: {what}", say,
+                       log_name=f"agent-level{level}") as url:
         hourly, basis = _hourly(args, level)
         yield Model(lambda req: invoke_http(url, req, dialect, path="/invocations", timeout_s=args.timeout),
                     f"{url}/invocations ({dialect})", None, hourly,
                     basis if args.instance else "this machine: no AWS bill (give --instance TYPE to price "
-                    "the rung's instance time)", embedder=ServedEmbeddings(url, None, args.timeout))
+                    "the rung's instance time)", embedder=ServedEmbeddings(url, None, args.timeout),
+                    tool_calls=dialect == OPENAI_CHAT and "OPTION_ENTRYPOINT" not in env)
+
+
+# The tool-call parser the local server gets when the agent speaks OpenAI chat: pythonic needs no
+# special tokens in the model's vocabulary, so it works with any model, the tiny one included.
+LOCAL_TOOL_PARSER = {"SM_VLLM_TOOL_CALL_PARSER": "pythonic", "SM_VLLM_ENABLE_AUTO_TOOL_CHOICE": "true"}
+
+
+def _with_tool_parser(env: dict[str, str], dialect: str) -> dict[str, str]:
+    """The server's environment, with a tool-call parser unless the user chose one (either
+    spelling) or the agent's dialect carries no tools."""
+    chosen = any(k.endswith(("TOOL_CALL_PARSER", "ENABLE_AUTO_TOOL_CHOICE")) for k in env)
+    return env if dialect != OPENAI_CHAT or chosen else {**env, **LOCAL_TOOL_PARSER}

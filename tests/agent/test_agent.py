@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from options.agent.actions import DEFAULT_PLAN, parse_actions, read_plan
+from options.agent.actions import ACTIONS, DEFAULT_PLAN, parse_actions, read_plan
 from options.agent.retrieval import PASSAGE_WORDS, HashedBagOfWords, Index, ServedEmbeddings, read_passages
 from options.agent.run import AgentFailed, Model, run_agent
 from options.core import BadInput
@@ -243,6 +243,51 @@ def test_a_task_that_fails_midway_writes_its_calls_and_the_error(scripted_rung, 
     assert trace["answer"] == ""
 
 
+# --- planning by tool calls ------------------------------------------------------------------------
+
+class ToolRung:
+    """A model reached in process: the planner's request carries the actions as tools; it
+    answers with ``calls`` (or refuses tools with HTTP 400), every other call with text."""
+
+    def __init__(self, calls=None, refuse=False):
+        self.calls, self.refuse, self.sent = calls or [], refuse, []
+
+    def __call__(self, req):
+        from options.contract import InvokeError, Result, Usage
+        self.sent.append(req)
+        if req.tools is not None and self.refuse:
+            raise InvokeError('http://x answered HTTP 400: "auto" tool choice requires '
+                              "--enable-auto-tool-choice", kind="http_400", status=400)
+        if req.tools is not None:
+            return Result("", "tool_calls", Usage(5, 7), tool_calls=self.calls)
+        plan = "retrieve, summarise" if req.prompt.rstrip().endswith("Plan:") else "An answer."
+        return Result(plan, "stop", Usage(5, 3))
+
+
+def test_a_target_that_calls_tools_plans_by_tool_calls(docs):
+    rung = ToolRung([{"name": "retrieve", "arguments": "{}"}, {"name": "analyse", "arguments": "{}"},
+                     {"name": "retrieve", "arguments": "{}"}, {"name": "launch", "arguments": "{}"}])
+    model = Model(rung, "in-process", streams=False, tool_calls=True)
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
+    planner = rung.sent[0]
+    assert [t["function"]["name"] for t in planner.tools] == list(ACTIONS)
+    assert planner.tool_choice == "required"
+    # In the calls' order, once each, only the registry's actions.
+    assert trace.plan == ["retrieve", "analyse"]
+    assert trace.plan_source == "the model's plan (tool calls)"
+    assert trace.to_json()["calls"][0]["tool_calls"][0]["name"] == "retrieve"
+
+
+def test_a_target_that_refuses_tools_gets_a_text_plan_and_the_trace_says_why(docs):
+    rung = ToolRung(refuse=True)
+    model = Model(rung, "in-process", streams=False, tool_calls=True)
+    trace = run_agent(QUESTION, Index.build(read_passages(docs)), model)
+    assert trace.plan == ["retrieve", "summarise"]
+    assert "the target refused tool calls" in trace.plan_source
+    assert "--enable-auto-tool-choice" in trace.plan_source
+    assert [c.role for c in trace.calls][:1] == ["plan"]       # the refused call is not counted
+
+
 # --- the real local server ------------------------------------------------------------------------
 
 @pytest.mark.engine
@@ -266,3 +311,23 @@ def test_the_agent_on_the_local_level_5_server(docs, tmp_path, tiny_model):
     # trace says so.
     assert trace["retrieval"]["method"].startswith("local hashed bag-of-words")
     assert re.match(r"http://127\.0\.0\.1:\d+/v1/embeddings answered HTTP 4\d\d: ", trace["retrieval"]["fallback"])
+
+
+@pytest.mark.engine
+def test_the_agent_plans_by_real_tool_calls_on_the_local_server(docs, tmp_path, tiny_model):
+    """OpenAI chat on the local server: the server starts with a tool-call parser, the planner
+    gets its plan as tool calls that structured decoding keeps to the registry's actions."""
+    trace_path = tmp_path / "trace.json"
+    done = _cli("--level", "5", "--dialect", "openai-chat", "--docs", str(docs), "--question", QUESTION,
+                "--max-tokens", "8", "--trace", str(trace_path), timeout=600)
+    trace = json.loads(trace_path.read_text())
+    # Random weights choose the actions: a plan of retrieve alone has no answer, and the agent
+    # says so (exit 2) rather than answering nothing; any other plan runs.
+    model_actions = [a for a in trace["plan"]["actions"] if ACTIONS[a].uses_model]
+    assert done.returncode == (0 if model_actions else 2), done.stdout + done.stderr
+    planner = trace["calls"][0]
+    assert planner["role"] == "plan" and planner["endpoint"].endswith("(openai-chat)")
+    names = [c["name"] for c in planner["tool_calls"]]
+    assert names and set(names) <= set(ACTIONS), planner
+    assert trace["plan"]["source"] == "the model's plan (tool calls)", trace["plan"]
+    assert trace["plan"]["actions"] == list(dict.fromkeys(names))
