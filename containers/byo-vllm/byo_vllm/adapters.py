@@ -683,6 +683,32 @@ class AdapterRegistry:
                 pass
         log.info("adapter %s unloaded", name)
 
+    async def evict(self, name: str) -> bool:
+        """Takes a loaded adapter out of the engine once the requests running on it end,
+        counted as an eviction; it stays registered, and its next request loads it again (a
+        host's own cache, Ray Serve's multiplexing, evicts through this). Idempotent: False
+        when ``name`` is unknown or not loaded."""
+        adapter = self._adapters.get(name)
+        if adapter is None:
+            return False
+        if adapter.loading is not None:
+            try:
+                await asyncio.shield(adapter.loading)
+            except Exception:                 # noqa: BLE001 - a failed load left nothing
+                pass
+        while True:
+            while adapter.inflight:
+                self._released.clear()
+                await self._released.wait()
+            async with self._slots:
+                if adapter.inflight:          # a request took it while we waited for the lock
+                    continue
+                if adapter.lora is None or adapter.removed:
+                    return False
+                await self._evict(adapter)
+                log.info("adapter %s evicted", name)
+                return True
+
     def page(self, token: str | None, max_results: int) -> tuple[list[Adapter], str | None]:
         """GET /models: adapters in name order from ``token`` (the name to start at, opaque)."""
         start = ""

@@ -20,6 +20,14 @@ and the HPA.
   engine's ASGI messages come back as a stream and are sent on as they come. A replica that
   dies before answering gives a 503; one that dies mid-stream ends the stream with the byo
   server's in-band error event, so a client sees an error, never a hang.
+- Adapters (LoRA on in the settings) go through Serve's multiplexing: the ingress names each
+  request's adapter as its multiplexed model id (the ``serve_multiplexed_model_id`` header, or
+  the route's own choice: the OpenAI ``model`` field, SageMaker's TargetModel header,
+  ``/models/<name>/invoke``), so Serve routes it to a replica that holds the adapter; the
+  engine replica's ``@serve.multiplexed(max_num_models_per_replica=N)`` loader loads it into
+  the engine's adapter registry (its single-flight loads, pinning and guarded sources), and
+  Serve's LRU evicts through the registry too, so ``/metrics`` counts both
+  (``byo_adapter_loads``, ``byo_adapter_evictions``).
 - ``build_app(args)`` is the builder a serve config names
   (``import_path: byo_vllm.ray_serve:build_app``); ``args`` are checked here, each problem
   named with the value and what would be right.
@@ -28,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 from dataclasses import dataclass, field
@@ -39,6 +48,7 @@ from ray.serve.handle import DeploymentHandle
 from .asgi import SSE_HEADERS, respond_error
 from .config import MAX_BODY_BYTES, ConfigError, ServerSettings, settings_from_env
 from .dialects import BadRequest, dumps_compact
+from .routes import TARGET_MODEL
 
 log = logging.getLogger("byo_vllm.ray_serve")
 
@@ -52,6 +62,11 @@ MAX_ONGOING_REQUESTS = 128
 REPLICA_HEADER = b"x-spectrum-replica"
 # The ingress only relays bytes: it takes many requests per replica.
 INGRESS_MAX_ONGOING_REQUESTS = 1024
+# Serve's header naming a request's multiplexed model (the proxy also accepts '-' for '_').
+MULTIPLEXED_HEADER = "serve_multiplexed_model_id"
+# Routes whose JSON body may name the adapter in "model".
+_MODEL_ROUTES = ("/invocations", "/v1/completions", "/v1/chat/completions")
+_INVOKE_PATH = re.compile(r"^/models/(?P<name>[^/]+)/invoke$")
 # Settings that are process environment for vLLM or the hub client rather than server settings.
 _PROCESS_ENV = re.compile(r"^(VLLM_|HF_|HUGGING_FACE_|OMP_|TRANSFORMERS_)")
 _ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
@@ -66,7 +81,11 @@ ARGS = {
     "engine_num_gpus": "GPUs Ray gives each engine replica (tensor x pipeline parallel)",
     "max_ongoing_requests": "the most requests one engine replica takes at once",
     "ingress_replicas": "replicas of the light ingress deployment",
+    "max_adapters_per_replica": "LoRA adapters one engine replica holds at once (Serve's "
+                                "max_num_models_per_replica; needs SM_VLLM_ENABLE_LORA; "
+                                "default: SM_VLLM_MAX_CPU_LORAS)",
 }
+_CPU_LORAS = ("SM_VLLM_MAX_CPU_LORAS", "OPTION_MAX_CPU_LORAS")
 
 
 @dataclass(frozen=True)
@@ -80,10 +99,15 @@ class RayAppArgs:
     engine_num_gpus: float = 0.0
     max_ongoing_requests: int = MAX_ONGOING_REQUESTS
     ingress_replicas: int = 1
+    max_adapters_per_replica: int | None = None
 
     def server_env(self) -> dict[str, str]:
-        """The environment ``settings_from_env`` reads in each engine replica."""
-        return {"HF_MODEL_ID": self.model, **self.settings}
+        """The environment ``settings_from_env`` reads in each engine replica: the engine's
+        adapter cache holds what Serve's multiplexing keeps, unless the settings size it."""
+        env = {"HF_MODEL_ID": self.model, **self.settings}
+        if self.max_adapters_per_replica and not any(k in env for k in _CPU_LORAS):
+            env["SM_VLLM_MAX_CPU_LORAS"] = str(self.max_adapters_per_replica)
+        return env
 
     def process_env(self) -> dict[str, str]:
         """Settings the engine's processes read from their environment (VLLM_*, HF_*)."""
@@ -126,7 +150,8 @@ def parse_args(args: dict[str, Any] | None) -> tuple[RayAppArgs, ServerSettings]
                "max_ongoing_requests": (args.get("max_ongoing_requests", MAX_ONGOING_REQUESTS),
                                         int, 1),
                "engine_num_cpus": (args.get("engine_num_cpus", 1.0), (int, float), 0),
-               "engine_num_gpus": (args.get("engine_num_gpus", 0.0), (int, float), 0)}
+               "engine_num_gpus": (args.get("engine_num_gpus", 0.0), (int, float), 0),
+               "max_adapters_per_replica": (args.get("max_adapters_per_replica"), int, 1)}
     for key, (value, kind, low) in numbers.items():
         if value is None:
             continue
@@ -139,17 +164,44 @@ def parse_args(args: dict[str, Any] | None) -> tuple[RayAppArgs, ServerSettings]
         num_replicas=replicas, engine_num_cpus=float(args.get("engine_num_cpus", 1.0) or 0),
         engine_num_gpus=float(args.get("engine_num_gpus", 0.0) or 0),
         max_ongoing_requests=args.get("max_ongoing_requests", MAX_ONGOING_REQUESTS),
-        ingress_replicas=args.get("ingress_replicas", 1))
+        ingress_replicas=args.get("ingress_replicas", 1),
+        max_adapters_per_replica=args.get("max_adapters_per_replica"))
     server = None
     if model and not problems:
         try:
             server = settings_from_env(parsed.server_env())
         except ConfigError as e:
             problems.append(str(e))
+        else:
+            problems += _adapter_problems(parsed, server)
     if problems:
         raise ConfigError(f"{IMPORT_PATH} cannot build the application from these args:\n  - "
                           + "\n  - ".join(problems))
     return parsed, server
+
+
+def lora_enabled(server: ServerSettings) -> bool:
+    """Whether the settings turn LoRA on (SM_VLLM_ENABLE_LORA / OPTION_ENABLE_LORA; an empty
+    value is the bare flag)."""
+    arg = server.engine_args.get("enable_lora")
+    return arg is not None and str(arg.value).strip().lower() not in ("false", "0", "no")
+
+
+def _adapter_problems(parsed: RayAppArgs, server: ServerSettings) -> list[str]:
+    wanted = parsed.max_adapters_per_replica
+    if wanted is None:
+        return []
+    if not lora_enabled(server):
+        return [f"max_adapters_per_replica {wanted} needs LoRA on: add SM_VLLM_ENABLE_LORA: "
+                "'true' to settings (with SPECTRUM_SERVER_ADAPTERS_DIR naming the adapters' "
+                "folder), or drop max_adapters_per_replica"]
+    cached = server.engine_args.get("max_cpu_loras")
+    if cached is not None and str(cached.value).isdigit() and int(cached.value) < wanted:
+        return [f"max_adapters_per_replica {wanted} is above {cached.source}={cached.value}, "
+                "the adapters the engine caches: Serve would keep adapters the engine has "
+                f"already evicted; raise {cached.source} to at least {wanted} or lower "
+                "max_adapters_per_replica"]
+    return []
 
 
 def _autoscaling_problems(config: Any) -> list[str]:
@@ -199,7 +251,8 @@ class _Lifespan:
 class EngineServer:
     """One engine replica: the byo server's App, its engine started in this replica."""
 
-    async def __init__(self, server_env: dict[str, str]) -> None:
+    async def __init__(self, server_env: dict[str, str],
+                       max_adapters: int | None = None) -> None:
         from .app import create_app
 
         self.settings = settings_from_env(server_env)
@@ -214,6 +267,19 @@ class EngineServer:
             await asyncio.sleep(0.2)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._replica_header = (REPLICA_HEADER, self.replica.encode())
+        self._load_adapter = None
+        registry = getattr(backend, "adapters", None)
+        if registry is not None:
+            # Serve's LRU of adapters per replica, made here because its size is an argument.
+            loop = asyncio.get_running_loop()
+
+            async def load_adapter(name: str) -> ServedAdapter:
+                (await registry.acquire(name)).release()
+                return ServedAdapter(registry, name, loop)
+
+            size = max_adapters or registry.limits.cpu_slots
+            self._load_adapter = serve.multiplexed(max_num_models_per_replica=size)(load_adapter)
+            log.info("adapters multiplexed: %d per replica", size)
         log.info("engine replica %s ready: %s", self.replica, self.settings.served_model_name)
 
     def check_health(self) -> None:
@@ -225,7 +291,18 @@ class EngineServer:
     async def http(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[dict[str, Any]]:
         """One HTTP request through the App: its ASGI messages, as they are sent. Closing
         the stream (the client went away) tells the App the client disconnected and stops
-        it, which aborts the request in the engine."""
+        it, which aborts the request in the engine. The request's multiplexed model id (the
+        ingress sets it) names its adapter: loaded through Serve's multiplexing first."""
+        adapter = serve.get_multiplexed_model_id()
+        if adapter and self._load_adapter is not None:
+            try:
+                await self._load_adapter(adapter)
+            except BadRequest as e:               # unknown, or its files refused: the App's answer
+                for message in await _error_messages(e):
+                    if message["type"] == "http.response.start":
+                        message["headers"] = [*message["headers"], self._replica_header]
+                    yield message
+                return
         messages: asyncio.Queue = asyncio.Queue()
         gone = asyncio.Event()
         pending = [{"type": "http.request", "body": body, "more_body": False}]
@@ -257,6 +334,47 @@ class EngineServer:
             await lifespan.shutdown()
 
 
+class ServedAdapter:
+    """An adapter in one replica's multiplexing cache: loaded in the engine's registry while
+    Serve keeps it. Serve's LRU calls ``__del__`` (in a thread) when it drops the adapter, then
+    the garbage collector calls it again: the eviction runs once, on the replica's loop, and
+    is done before Serve loads the next adapter."""
+
+    def __init__(self, registry, name: str, loop: asyncio.AbstractEventLoop) -> None:
+        self.registry, self.name, self._loop = registry, name, loop
+        self._evicted = False
+
+    def __del__(self) -> None:
+        if getattr(self, "_evicted", True):
+            return
+        self._evicted = True
+        if self._loop.is_closed():
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is self._loop:                 # collected on the loop: it cannot wait here
+            self._loop.create_task(self._evict())
+            return
+        asyncio.run_coroutine_threadsafe(self._evict(), self._loop).result()
+
+    async def _evict(self) -> None:
+        try:
+            await self.registry.evict(self.name)
+        except Exception as e:  # noqa: BLE001 - the engine stopped first: nothing to free
+            log.warning("adapter %s not evicted: %s: %s", self.name, type(e).__name__, e)
+
+
+async def _error_messages(error: BadRequest) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = []
+
+    async def collect(message: dict[str, Any]) -> None:
+        messages.append(message)
+    await respond_error(collect, error)
+    return messages
+
+
 def _unavailable(backend) -> str | None:
     return getattr(backend, "dead_error", None) or getattr(backend, "failed", None)
 
@@ -266,18 +384,22 @@ def _unavailable(backend) -> str | None:
 class Ingress:
     """The light front deployment: its ASGI app relays each request to an engine replica."""
 
-    def __init__(self, engine: DeploymentHandle) -> None:
+    def __init__(self, engine: DeploymentHandle, base_names: list[str] | None = None) -> None:
         self.engine = engine
+        self.base_names = base_names
 
     def __serve_build_asgi_app__(self) -> "Relay":
-        return Relay(self.engine)
+        return Relay(self.engine, self.base_names)
 
 
 class Relay:
-    """ASGI: HTTP in, the request handed to an engine replica, its answer sent on."""
+    """ASGI: HTTP in, the request handed to an engine replica, its answer sent on.
+    ``base_names``: the base model's names when the engine serves adapters (None: it does
+    not, and no request is multiplexed)."""
 
-    def __init__(self, engine: DeploymentHandle) -> None:
+    def __init__(self, engine: DeploymentHandle, base_names: list[str] | None = None) -> None:
         self.engine = engine
+        self.base_names = set(base_names) if base_names is not None else None
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
         if scope["type"] == "lifespan":
@@ -291,7 +413,16 @@ class Relay:
         body = await _read_body(receive, MAX_BODY_BYTES + 1)
         if body is None:
             return                                 # the client left before sending it all
-        response = self.engine.options(stream=True).http.remote(forwarded_scope(scope), body)
+        forwarded = forwarded_scope(scope)
+        adapter = ""
+        if self.base_names is not None:
+            try:
+                adapter, forwarded, body = choose_adapter(forwarded, body, self.base_names)
+            except BadRequest as e:
+                await respond_error(send, e)
+                return
+        handle = self.engine.options(stream=True, multiplexed_model_id=adapter)
+        response = handle.http.remote(forwarded, body)
         started: dict[str, Any] | None = None
         finished = False
         try:
@@ -334,6 +465,58 @@ def forwarded_scope(scope: dict[str, Any]) -> dict[str, Any]:
             "scheme": scope.get("scheme", "http"), "path": path, "root_path": "",
             "query_string": scope.get("query_string", b""),
             "headers": [(bytes(k), bytes(v)) for k, v in scope["headers"]]}
+
+
+def choose_adapter(scope: dict[str, Any], body: bytes, base_names: set[str]
+                   ) -> tuple[str, dict[str, Any], bytes]:
+    """The adapter a request names, as its multiplexed model id ("" for the base model), and
+    the scope and body the engine's routes then read. Serve's ``serve_multiplexed_model_id``
+    header wins, and the route is told (the body's ``model``, SageMaker's TargetModel header);
+    without it, the route's own choice: ``/models/<name>/invoke``, the TargetModel header on
+    /invocations, the JSON body's ``model``."""
+    headers = scope["headers"]
+    explicit = next((v.decode("latin-1") for k, v in headers
+                     if k.decode("latin-1").lower().replace("-", "_") == MULTIPLEXED_HEADER),
+                    None)
+    path = scope["path"]
+    invoke = _INVOKE_PATH.match(path)
+    if explicit is not None:
+        explicit = explicit.strip()
+        if invoke is not None and invoke["name"] != explicit:
+            raise BadRequest(f"{MULTIPLEXED_HEADER} {explicit!r} and the path's model "
+                             f"{invoke['name']!r} disagree: send one of them, or the same name",
+                             MULTIPLEXED_HEADER)
+        if path == "/invocations":
+            scope = dict(scope, headers=[(k, v) for k, v in headers if k != TARGET_MODEL]
+                         + [(TARGET_MODEL, explicit.encode("latin-1"))])
+        elif path in _MODEL_ROUTES:
+            data = _json_object(body)
+            if data is not None and data.get("model") != explicit:
+                body = dumps_compact(dict(data, model=explicit)).encode()
+        return ("" if explicit in base_names else explicit), scope, body
+    if invoke is not None:
+        named = invoke["name"]
+    elif path == "/invocations" and (target := dict(headers).get(TARGET_MODEL)):
+        named = target.decode("latin-1")
+    elif path in _MODEL_ROUTES and scope["method"] == "POST":
+        data = _json_object(body)
+        named = data.get("model") if data is not None else None
+    else:
+        named = None
+    if not isinstance(named, str) or not named or named in base_names:
+        return "", scope, body
+    return named, scope, body
+
+
+def _json_object(body: bytes) -> dict[str, Any] | None:
+    """The body as a JSON object, or None (the engine's routes name what is wrong with it)."""
+    if not body.lstrip()[:1] == b"{":
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 async def _replica_failed(send, started: dict[str, Any] | None, error: Exception) -> None:
@@ -379,4 +562,6 @@ def build_app(args: dict[str, Any]) -> serve.Application:
     ingress = _INGRESS.options(num_replicas=parsed.ingress_replicas,
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING_REQUESTS,
         graceful_shutdown_timeout_s=server.graceful_timeout_s)
-    return ingress.bind(engine.bind(parsed.server_env()))
+    base_names = ([server.served_model_name, server.model] if lora_enabled(server) else None)
+    return ingress.bind(engine.bind(parsed.server_env(), parsed.max_adapters_per_replica),
+                        base_names)
