@@ -1,11 +1,23 @@
 """One local Ray for the whole test run (its own temp dir and ports, stopped with
-ray.shutdown(), never `ray stop`), and on it the application rung 6 renders by default."""
+ray.shutdown(), never `ray stop`), and on it the application rung 6 renders by default, with
+three LoRA adapters (--adapter) multiplexed two per engine replica."""
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import yaml
+
+# The tiny model's LoRA adapters in peft's layout, as the byo server's adapter tests build them.
+_BYO_TESTS = str(Path(__file__).resolve().parents[1] / "byo_vllm")
+if _BYO_TESTS not in sys.path:
+    sys.path.append(_BYO_TESTS)
+from test_byo_adapters_guards import write_peft_adapter  # noqa: E402
+
+ADAPTERS = ("a1", "a2", "a3")
+ADAPTERS_PER_REPLICA = 2
 
 
 @pytest.fixture(scope="session")
@@ -24,20 +36,25 @@ AUTOSCALING = {"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 
 MAX_MODEL_LEN = "1024"
 
 
-def rendered_serve_config(model: str) -> dict:
-    """The serveConfigV2 rung 6 renders by default (--engine rayservice), parsed: only what
-    ties it to a GPU cluster is set for this machine (the model, GPUs, CPUs, autoscaling)."""
+def rendered_serve_config(model: str, adapters_dir: Path) -> dict:
+    """The serveConfigV2 rung 6 renders by default (--engine rayservice), with --adapter for
+    each of ADAPTERS, parsed: only what ties it to a GPU cluster is set for this machine (the
+    model, GPUs, CPUs, autoscaling, and the adapters' folder, which a worker pod's init
+    container fills from S3)."""
     from infra.eks.render import render
     from infra.eks.spec import EksSpec
 
-    rendered = render(EksSpec(engine="rayservice", image="registry.example/byo:1.0",
-                              max_model_len=int(MAX_MODEL_LEN)))
+    rendered = render(EksSpec(
+        engine="rayservice", image="registry.example/byo:1.0", max_model_len=int(MAX_MODEL_LEN),
+        adapters=tuple((a, f"s3://acme-adapters/llm/{a}") for a in ADAPTERS),
+        max_loras=ADAPTERS_PER_REPLICA, max_cpu_loras=ADAPTERS_PER_REPLICA, max_lora_rank=8))
     (ray,) = [m.doc for m in rendered.manifests if m.doc["kind"] == "RayService"]
     config = yaml.safe_load(ray["spec"]["serveConfigV2"])
     args = config["applications"][0]["args"]
     args.update(model=model, engine_num_gpus=0, engine_num_cpus=1,
                 autoscaling_config=AUTOSCALING)
-    args["settings"].update(SM_VLLM_ENFORCE_EAGER="", VLLM_CPU_KVCACHE_SPACE="1")
+    args["settings"].update(SM_VLLM_ENFORCE_EAGER="", VLLM_CPU_KVCACHE_SPACE="1",
+                            SPECTRUM_SERVER_ADAPTERS_DIR=str(adapters_dir))
     return config
 
 
@@ -57,15 +74,19 @@ def wait_for_app(name: str, timeout_s: float = 300) -> None:
 
 
 @pytest.fixture(scope="session")
-def byo_ray_app(local_ray_cluster, tiny_model):
+def byo_ray_app(local_ray_cluster, tiny_model, tmp_path_factory):
     """The default rendered serve config, deployed as written through Serve's own
     deploy-from-config path (the controller imports the builder and calls it with the args)."""
     from ray.serve.context import _get_global_client
     from ray.serve.schema import ServeDeploySchema
 
-    config = rendered_serve_config(str(tiny_model))
+    adapters_dir = tmp_path_factory.mktemp("ray-adapters")
+    for seed, name in enumerate(ADAPTERS, start=1):
+        write_peft_adapter(adapters_dir / name, seed)
+    config = rendered_serve_config(str(tiny_model), adapters_dir)
     started = time.monotonic()
     _get_global_client().deploy_apps(ServeDeploySchema.model_validate(config))
     wait_for_app("llm")
     return {"url": local_ray_cluster.url, "config": config,
-            "ready_s": time.monotonic() - started}
+            "ready_s": time.monotonic() - started, "adapters": ADAPTERS,
+            "adapters_per_replica": ADAPTERS_PER_REPLICA}
