@@ -62,7 +62,8 @@ def gateway_config(r: ResolvedSpec) -> dict[str, Any]:
     models = {r.served_model_name: model(None)}
     for name in r.adapter_prefixes():
         # Ray Serve LLM names an adapter <base model id>:<adapter>; the byo server by its name.
-        models[name] = model(f"{r.served_model_name}:{name}" if r.engine == "rayservice" else None)
+        models[name] = model(f"{r.served_model_name}:{name}"
+                             if r.engine == "rayservice" and r.serve_app == "ray-llm" else None)
     return {
         "store": f"redis://{names(r)['redis']}.{r.namespace}.svc.cluster.local:{REDIS_PORT}/0",
         "state_dir": "/tmp/spectrum-gateway",

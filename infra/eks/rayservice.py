@@ -7,10 +7,15 @@ Ray Serve autoscales the LLM replicas and KubeRay's autoscaler adds GPU worker p
 so this engine needs no HPA. For ray-llm, ``SM_VLLM_*`` options become vLLM ``engine_kwargs``;
 the byo application reads them as the server does.
 
-Adapters (``--adapter``) use Ray Serve LLM's multiplexing: ``lora_config`` names the S3 folder
-the adapters sit in (``dynamic_lora_loading_path``; Ray loads ``<path>/<name>`` on the first
-request for ``<model>:<name>``) and how many one replica keeps (``max_num_adapters_per_replica``);
-Serve routes a request to a replica that already holds its adapter when one is free.
+Adapters (``--adapter``) go through Serve's multiplexing either way; Serve routes a request to
+a replica that already holds its adapter when one is free. The byo application: each GPU worker
+pod's init container copies the adapters from S3 into ``/adapters`` (as the Deployment's does),
+the engine's registry registers them, and ``max_adapters_per_replica`` (``--max-cpu-loras``)
+is its ``@serve.multiplexed(max_num_models_per_replica=...)``; a request names its adapter in
+``model`` or the ``serve_multiplexed_model_id`` header. ray-llm: ``lora_config`` names the S3
+folder the adapters sit in (``dynamic_lora_loading_path``; Ray loads ``<path>/<name>`` on the
+first request for ``<model>:<name>``) and how many one replica keeps
+(``max_num_adapters_per_replica``).
 """
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ from typing import Any
 import yaml
 
 from infra.eks.spec import ResolvedSpec, pinned
-from infra.eks.workload import (gpu_resources, gpu_toleration, hf_token_env, server_env,
-                                skip_annotations)
+from infra.eks.workload import (ADAPTERS_DIR, adapter_fetch_container, gpu_resources,
+                                gpu_toleration, hf_token_env, server_env, skip_annotations)
 
 # Requests one LLM replica should have in flight before Serve adds another (the KubeRay sample).
 TARGET_ONGOING_REQUESTS = 64
@@ -74,6 +79,8 @@ def byo_serve_config(r: ResolvedSpec) -> dict[str, Any]:
             "autoscaling_config": autoscaling_config(r),
             "engine_num_gpus": r.gpus_per_replica, "engine_num_cpus": r.cpu_per_replica,
             "max_ongoing_requests": MAX_ONGOING_REQUESTS}
+    if r.lora:      # the engine's adapter cache is what Serve's multiplexing keeps per replica
+        args["max_adapters_per_replica"] = r.max_cpu_loras
     return {"applications": [{"name": "llm", "route_prefix": "/", "import_path": BYO_APP,
                               "args": args}]}
 
@@ -176,6 +183,13 @@ def ray_service(r: ResolvedSpec) -> dict[str, Any]:
                          "emptyDir": {"medium": "Memory", "sizeLimit": f"{r.shm_gib}Gi"}}],
         }},
     }
+    if r.lora and r.serve_app == "byo":     # the adapters' files, before Ray starts
+        spec = worker["template"]["spec"]
+        spec["initContainers"] = [adapter_fetch_container(r)]
+        spec["volumes"] += [{"name": "adapters", "emptyDir": {"sizeLimit": "20Gi"}},
+                            {"name": "tmp", "emptyDir": {"sizeLimit": "1Gi"}}]
+        spec["containers"][0]["volumeMounts"].append(
+            {"name": "adapters", "mountPath": ADAPTERS_DIR, "readOnly": True})
     return {
         "apiVersion": "ray.io/v1", "kind": "RayService",
         "metadata": {"name": r.name, "namespace": r.namespace, "labels": r.labels("ray")},

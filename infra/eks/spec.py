@@ -457,16 +457,13 @@ def _check_adapters(problems: list[str], spec: EksSpec) -> None:
             problems.append(f"--adapter {name}={uri}: {uri!r} is not an s3://bucket/prefix (a "
                             "valid bucket name, then the folder holding adapter_config.json and "
                             "adapter_model.safetensors), e.g. s3://my-bucket/adapters/" + name)
-    if spec.adapters and spec.engine == "rayservice" and spec.serve_app == "byo":
-        problems.append("--adapter with --engine rayservice needs --serve-app ray-llm: the byo "
-                        "Serve application serves the base model only so far (or use --engine "
-                        "deployment, whose pods serve the adapters)")
-    if spec.adapters and spec.engine == "rayservice" and not problems:
+    if (spec.adapters and spec.engine == "rayservice" and spec.serve_app == "ray-llm"
+            and not problems):
         parents = {uri.rstrip("/").rsplit("/", 1)[0] for _, uri in spec.adapters}
         misnamed = [f"{n}={u}" for n, u in spec.adapters if u.rstrip("/").rsplit("/", 1)[1] != n]
         if len(parents) > 1 or misnamed:
             problems.append(
-                "--engine rayservice loads every adapter from one S3 folder, as "
+                "--serve-app ray-llm loads every adapter from one S3 folder, as "
                 "<dynamic_lora_loading_path>/<name>: put each adapter in a folder named as the "
                 "adapter under one common prefix (e.g. s3://bucket/adapters/a1 and "
                 "s3://bucket/adapters/a2); got " + ", ".join(

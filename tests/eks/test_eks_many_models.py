@@ -191,6 +191,51 @@ def test_rayservice_multiplexes_adapters_from_one_folder(tmp_path):
     assert rendered.cluster_config["iam"]["podIdentityAssociations"][0]["serviceAccountName"] == "llm"
 
 
+def test_the_byo_serve_app_multiplexes_adapters_fetched_into_its_worker_pods(tmp_path):
+    rendered = render(spec(engine="rayservice", serve_app="byo", adapters=ADAPTERS,
+                           max_loras=2, max_cpu_loras=6))
+    validated(rendered, tmp_path)        # JSON schemas, ServeDeploySchema, the builder's check
+    ray = by_ref(rendered)["RayService/spectrum/llm"]
+    app, = yaml.safe_load(ray["spec"]["serveConfigV2"])["applications"]
+    assert app["import_path"] == "byo_vllm.ray_serve:build_app"
+    assert app["args"]["max_adapters_per_replica"] == 6
+    assert {k: app["args"]["settings"][k] for k in (
+        "SM_VLLM_ENABLE_LORA", "SM_VLLM_MAX_LORAS", "SM_VLLM_MAX_CPU_LORAS",
+        "SPECTRUM_SERVER_ADAPTERS_DIR")} == {
+        "SM_VLLM_ENABLE_LORA": "true", "SM_VLLM_MAX_LORAS": "2", "SM_VLLM_MAX_CPU_LORAS": "6",
+        "SPECTRUM_SERVER_ADAPTERS_DIR": "/adapters"}
+    # Each GPU worker pod (where the engine replicas run) copies the adapters from S3 first,
+    # from any folders, as the Deployment's pods do; the head runs no engine.
+    cluster = ray["spec"]["rayClusterConfig"]
+    worker = cluster["workerGroupSpecs"][0]["template"]["spec"]
+    fetch, = worker["initContainers"]
+    assert "s3://acme-adapters/llm/sql/ /adapters/sql" in fetch["command"][2]
+    assert {"name": "adapters", "mountPath": "/adapters", "readOnly": True} in \
+        worker["containers"][0]["volumeMounts"]
+    assert worker["serviceAccountName"] == "llm"
+    assert "initContainers" not in cluster["headGroupSpec"]["template"]["spec"]
+    # The builder's check refuses a multiplexing size the engine's adapter cache cannot hold.
+    broken = copy.deepcopy(ray)
+    config = yaml.safe_load(broken["spec"]["serveConfigV2"])
+    config["applications"][0]["args"]["max_adapters_per_replica"] = 7
+    broken["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    found = [str(f) for f in v.check_ray_serve_configs([("f.yaml", broken)]).findings]
+    assert any("max_adapters_per_replica 7 is above SM_VLLM_MAX_CPU_LORAS=6" in f
+               for f in found), found
+    config["applications"][0]["args"]["settings"].pop("SM_VLLM_ENABLE_LORA")
+    broken["spec"]["serveConfigV2"] = yaml.safe_dump(config)
+    found = [str(f) for f in v.check_ray_serve_configs([("f.yaml", broken)]).findings]
+    assert any("max_adapters_per_replica 7 needs LoRA on" in f for f in found), found
+
+
+def test_the_gateway_names_byo_ray_adapters_as_clients_do(tmp_path):
+    rendered = render(spec(gateway=True, engine="rayservice", serve_app="byo", adapters=ADAPTERS))
+    config = load_gateway_config(
+        by_ref(rendered)["ConfigMap/spectrum/llm-gateway"]["data"]["gateway.yaml"], tmp_path)
+    assert {name: m.upstreams[0].model for name, m in config.models.items()} == {
+        MODEL: None, "support": None, "sql": None}
+
+
 def test_the_serve_config_check_fails_on_broken_lora_settings():
     rendered = render(spec(engine="rayservice", adapters=RAY_ADAPTERS))
     ray = by_ref(rendered)["RayService/spectrum/llm"]
@@ -217,7 +262,7 @@ def test_rayservice_refuses_adapters_that_do_not_share_one_folder():
     with pytest.raises(BadInput) as e:
         resolve(spec(engine="rayservice", adapters=ADAPTERS[:1] + (
             ("sql", "s3://other-bucket/sql"),)))
-    assert "--engine rayservice loads every adapter from one S3 folder" in str(e.value)
+    assert "--serve-app ray-llm loads every adapter from one S3 folder" in str(e.value)
     assert "sql=s3://other-bucket/sql" in str(e.value)
     with pytest.raises(BadInput, match="support=s3://acme-adapters/llm/v2"):
         resolve(spec(engine="rayservice", adapters=(("support", "s3://acme-adapters/llm/v2"),)))

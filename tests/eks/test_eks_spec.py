@@ -98,6 +98,6 @@ def test_the_byo_serve_app_runs_on_the_projects_image(prices):
         resolve(EksSpec(image=IMAGE, serve_app="ray-llm"), prices)
     with pytest.raises(BadInput, match="--serve-app 'llm' is not one of byo, ray-llm"):
         resolve(EksSpec(engine="rayservice", image=IMAGE, serve_app="llm"), prices)
-    with pytest.raises(BadInput, match="--adapter with --engine rayservice needs --serve-app"):
-        resolve(EksSpec(engine="rayservice", image=IMAGE,
-                        adapters=(("a1", "s3://acme-adapters/llm/a1"),)), prices)
+    # Adapters: the byo application multiplexes them from any S3 folders.
+    assert resolve(EksSpec(engine="rayservice", image=IMAGE, adapters=(
+        ("a1", "s3://acme-adapters/llm/a1"), ("a2", "s3://other-bucket/x"))), prices).lora
