@@ -38,6 +38,14 @@ checkov_venv=${SPECTRUM_CHECKOV_VENV:-.venv-checkov}
   "$checkov_venv/bin/python" -m pip install -q --disable-pip-version-check 'checkov>=3.2,<4'; }
 export SPECTRUM_CHECKOV="$PWD/$checkov_venv/bin/checkov"
 
+# guidellm (the vLLM project's benchmark tool) runs against the server as a user runs it: from an
+# environment of its own, torch pinned to the CPU build first so no resolver pulls a CUDA one.
+guidellm_venv=${SPECTRUM_GUIDELLM_VENV:-.venv-guidellm}
+[ -x "$guidellm_venv/bin/guidellm" ] || { "$python" -m venv "$guidellm_venv" &&
+  "$guidellm_venv/bin/python" -m pip install -q --disable-pip-version-check torch==2.13.0 &&
+  "$guidellm_venv/bin/python" -m pip install -q --disable-pip-version-check 'guidellm==0.8.1'; }
+export SPECTRUM_GUIDELLM="$PWD/$guidellm_venv/bin/guidellm"
+
 # vLLM on CPU reserves most of a NUMA node for its KV cache unless told otherwise.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 export SAGEMAKER_SUPPRESS_V2_WARNING=1

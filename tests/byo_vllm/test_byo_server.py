@@ -4,6 +4,7 @@ stops it with SIGTERM while requests are in flight."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -449,6 +450,27 @@ def test_vllms_operational_routes_answer_as_vllms_do(byo_server):
     assert text.strip() == "hello world"
     bad = byo_server.post("/tokenize", {"prompt": "x", "tokenise": True})
     assert bad.status_code == 400 and "'tokenise'" in bad.json()["error"]["message"]
+
+
+def test_guidellm_benchmarks_the_server_with_its_default_checks(byo_server, tiny_model, tmp_path):
+    """guidellm 0.8.1, from its own environment as a user runs it (tests/run.sh installs it),
+    with its backend validation on: it calls GET /health before the first request."""
+    guidellm = os.environ.get("SPECTRUM_GUIDELLM")
+    assert guidellm and os.access(guidellm, os.X_OK), \
+        "run the tests through bash tests/run.sh, which installs guidellm in .venv-guidellm"
+    report = tmp_path / "guidellm.json"
+    done = subprocess.run(
+        [guidellm, "run", "--backend", f"kind=openai_http,target={byo_server.url},model={tiny_model}",
+         "--profile", "kind=synchronous", "--constraint", "kind=max_requests,count=4",
+         "--data", "kind=synthetic_text,prompt_tokens=16,output_tokens=4",
+         "--tokenizer", f"kind=hf_auto,model={tiny_model}",
+         "--output", f"kind=json,path={report}", "--disable-console-interactive"],
+        capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (benchmark,) = json.loads(report.read_text())["benchmarks"]
+    totals = benchmark["metrics"]["request_totals"]
+    assert totals["successful"] == 4 and totals["errored"] == 0, totals
+    assert benchmark["metrics"]["output_token_count"]["successful"]["mean"] == 4
 
 
 def test_unknown_route_is_json_404(byo_server):
