@@ -54,3 +54,26 @@ def test_lora_is_on_by_configuration_in_both_spellings(tiny_model, prefix):
     assert argv[argv.index("--max-cpu-loras") + 1] == "4"
     # The engine's GPU slots hold every adapter the server keeps loaded (see adapters.py).
     assert int(argv[argv.index("--max-loras") + 1]) >= 2
+
+
+@pytest.mark.parametrize("prefix", ["SM_VLLM_", "OPTION_"])
+def test_tool_call_settings_reach_vllms_serving_layer_in_both_spellings(tiny_model, prefix):
+    """As SageMaker's vLLM image passes SM_VLLM_* on to vllm serve (and LMI its option.*)."""
+    from byo_vllm.engine_args import parse_serve_args
+    settings = settings_from_env({"HF_MODEL_ID": str(tiny_model),
+                                  prefix + "TOOL_CALL_PARSER": "pythonic",
+                                  prefix + "ENABLE_AUTO_TOOL_CHOICE": "true"})
+    args = parse_serve_args(settings)
+    assert args.tool_call_parser == "pythonic" and args.enable_auto_tool_choice is True
+
+
+def test_vllm_serves_own_http_flags_and_a_parserless_auto_choice_are_refused_by_name(tiny_model):
+    from byo_vllm.config import ConfigError
+    from byo_vllm.engine_args import parse_serve_args
+    settings = settings_from_env({"HF_MODEL_ID": str(tiny_model), "SM_VLLM_PORT": "9000"})
+    with pytest.raises(ConfigError, match="SM_VLLM_PORT: 'port' is a flag of vllm serve's own HTTP"):
+        engine_argv(settings, engine_parser())
+    settings = settings_from_env({"HF_MODEL_ID": str(tiny_model),
+                                  "SM_VLLM_ENABLE_AUTO_TOOL_CHOICE": "true"})
+    with pytest.raises(ConfigError, match="tool-call-parser|tool_call_parser"):
+        parse_serve_args(settings)
