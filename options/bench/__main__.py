@@ -8,6 +8,7 @@
     python -m options.bench --profile agent --priority compare --programs 32 --concurrency 8
     python -m options.bench --profile capacity --json capacity.json     # engine steps → the simulator
     python -m options.bench --level 5 --replay trace.csv --load 0.7 --capacity bench.json --json replay.json
+    python -m options.bench --level 6 --target local --concurrency 1,8,32 --rounds 3   # the Ray hop's cost
 
 Exit codes: 0 ok, 2 bad input, 1 failure (the target did not answer, or every request failed).
 """
@@ -279,6 +280,9 @@ def main(argv: list[str] | None = None) -> int:
     console = Console(stderr=args.json == "-")     # stdout belongs to the JSON then
     say = console.print
     try:
+        if args.level == 6 and args.target == "local" and not args.url:
+            from options.bench.ray_hop import bench_ray_hop     # the Ray hop: ray_hop.py
+            return bench_ray_hop(args, console)
         from options.bench.replay import ReplayPlan     # open-loop trace replay (--replay)
         replay_plan = ReplayPlan.from_args(args)        # None without --replay; bad input before any server
         profile = None if args.profile in ("agent", "capacity") or replay_plan is not None \

@@ -74,7 +74,8 @@ def add_arguments(parser) -> None:
                         "default zipf:1.1) or uniform")
     g.add_argument("--rounds", type=int, default=3,
                    help="alternating rounds of the contenders: base vs mix with --adapters, "
-                        "priority off vs on with --priority compare (3)")
+                        "priority off vs on with --priority compare, the plain server vs "
+                        "Ray Serve with --level 6 --target local (3)")
     g.add_argument("--cold-burst", type=int, metavar="N",
                    help="concurrent first requests for a cold adapter, measured once before the "
                         "rounds (default: the first --concurrency; 0 skips it)")

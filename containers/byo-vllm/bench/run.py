@@ -39,10 +39,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent.parent
 sys.path.insert(0, str(REPO))
 
+from options.bench.cpu import cpu_used, frontend_cpu_s  # noqa: E402
 from options.local_server import LocalServer, free_port, own_process_group  # noqa: E402
 from options.tiny_model import tiny_model_dir  # noqa: E402
 
-ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::EngineCor")
 MAX_MODEL_LEN = 1024
 WORDS = ("the model server engine token batch cache request answer stream price hour "
          "instance spectrum latency throughput memory prompt output user").split()
@@ -212,27 +212,6 @@ def stop_server(server: Server) -> None:
     proc.wait()
 
 
-def frontend_cpu_s(root_pid: int) -> dict[int, float]:
-    """CPU seconds (user+sys) per process of the server's tree, engine processes left out."""
-    import psutil
-    try:
-        root = psutil.Process(root_pid)
-        procs = [root] + root.children(recursive=True)
-    except psutil.NoSuchProcess:
-        return {}
-    out = {}
-    for p in procs:
-        try:
-            title = " ".join(p.cmdline()) or p.name()
-            if title.startswith(ENGINE_PROCESS_TITLES) or p.name().startswith("VLLM::"):
-                continue
-            t = p.cpu_times()
-            out[p.pid] = t.user + t.system
-        except psutil.NoSuchProcess:
-            continue
-    return out
-
-
 # -- client -----------------------------------------------------------------------------------
 def make_prompts(n: int, words: int, seed: int) -> list[str]:
     rng = random.Random(seed)
@@ -300,7 +279,7 @@ async def run_level(server: Server, model: str, concurrency: int, requests: int,
         await asyncio.gather(*(user() for _ in range(concurrency)))
         duration = time.perf_counter() - started
         cpu_after = frontend_cpu_s(server.process.pid)
-    cpu = sum(cpu_after[p] - cpu_before.get(p, 0.0) for p in cpu_after)
+    cpu = cpu_used(cpu_before, cpu_after)
     return LevelResult(concurrency, requests, total, duration, ttfts, tpots, cpu, errors)
 
 

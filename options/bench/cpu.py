@@ -1,0 +1,49 @@
+"""Front-end CPU of a server: user+sys CPU seconds of every process in its tree except vLLM's
+engine processes (titled ``VLLM::EngineCore`` / ``VLLM::Worker``), which busy-wait and so
+cost the same whatever serves in front of them.
+
+    before = frontend_cpu_s(server_pid)
+    ...load...
+    cpu_s = cpu_used(before, frontend_cpu_s(server_pid))
+
+Used by ``containers/byo-vllm/bench/run.py`` (this server against vLLM's own) and by the
+bench's Ray hop (``options/bench/ray_hop.py``: a local Ray cluster against the plain server).
+"""
+from __future__ import annotations
+
+# What vLLM titles its engine processes (the kernel's 15-character comm cuts the first short).
+ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::EngineCor")
+
+
+def is_engine_process(proc) -> bool:
+    """Whether a ``psutil.Process`` is one of vLLM's engine processes."""
+    title = " ".join(proc.cmdline()) or proc.name()
+    return title.startswith(ENGINE_PROCESS_TITLES) or proc.name().startswith("VLLM::")
+
+
+def frontend_cpu_s(root_pid: int, include_root: bool = True) -> dict[int, float]:
+    """CPU seconds (user+sys) per process of ``root_pid``'s tree, engine processes left out
+    (and the root itself with ``include_root=False``: a test process whose own threads are the
+    client). Processes that end while being read are skipped."""
+    import psutil
+    try:
+        root = psutil.Process(root_pid)
+        procs = ([root] if include_root else []) + root.children(recursive=True)
+    except psutil.NoSuchProcess:
+        return {}
+    out = {}
+    for p in procs:
+        try:
+            if is_engine_process(p):
+                continue
+            t = p.cpu_times()
+            out[p.pid] = t.user + t.system
+        except (psutil.NoSuchProcess, psutil.ZombieProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def cpu_used(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds between two ``frontend_cpu_s`` readings: processes started in between count
+    from zero; those gone by the second reading are not counted."""
+    return sum(max(0.0, t - before.get(pid, 0.0)) for pid, t in after.items())
