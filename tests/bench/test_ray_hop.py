@@ -1,7 +1,7 @@
 """The Ray hop's comparison (options/bench/ray_hop.py) without engines: medians and spreads
 over rounds, the added TTFT and CPU ratio judged against the goal only beyond the noise, the
 alternated order, the front-end CPU that leaves vLLM's engine processes out, and bad input.
-The measurement itself on the test run's Ray: tests/ray_serve/test_ray_hop.py."""
+The measurement itself on the test run's Ray: tests/ray_serve/test_ray_hop_on_ray.py."""
 from __future__ import annotations
 
 import subprocess

@@ -170,9 +170,13 @@ def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
     spanning = [s for s in load.streams if s.get("replica") == survivor
                 and s["started"] < killed_at < s["ended"]]
     assert cut and spanning, (cut, spanning)
+    # A stream the replica had sent whole before it died may still be read after the kill
+    # (relayed in batches): it is complete. Every other one ends with the in-band error event,
+    # promptly; none is cut short silently or left hanging, and the kill cut at least one.
     for s in cut:
-        assert "error" in s and not s.get("done"), s
+        assert ("error" in s) != bool(s.get("done")), s
         assert s["ended"] - killed_at < 10, "the client of a killed replica waited"
+    assert any("error" in s for s in cut), cut
     assert all(s.get("done") and "error" not in s for s in spanning), spanning
     # No load: back to one replica after the downscale delay.
     wait_until(lambda: running_engine_replicas() == 1 and len(engine_replicas()) == 1, 240,
