@@ -6,8 +6,10 @@ test walks 1 -> 2 replicas under load, kills a replica mid-stream, and back to 1
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -184,3 +186,60 @@ def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
     print(f"scaled 1 -> 2 in {scaled_up_s:.1f} s; replacement {sorted(replaced)} started "
           f"{replaced_s:.1f} s after the kill; {len(cut)} stream(s) cut, "
           f"{len(spanning)} completed on the other replica")
+
+
+def test_the_gateway_in_front_fails_over_what_a_killed_replica_left_unanswered(
+        byo_ray_app, tiny_model, tmp_path):
+    """A gateway upstream with two addresses of the application (as two Services of one
+    RayService would be). Whole answers cut by the engine replicas' death are a 503 from the
+    ingress, which the gateway may retry: it fails over, and every request is answered once
+    Serve's replacements serve."""
+    import ray
+    from urllib.parse import urlsplit
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+    from gateway_harness import Gateway
+
+    url = byo_ray_app["url"]
+    other = f"http://localhost:{urlsplit(url).port}"
+    config = {"store": "memory", "upstream_timeout_s": 300, "tenants": {"acme": {"models": ["*"]}},
+              "models": {"llm": {"upstreams": [{"name": "ray", "urls": [url, other],
+                                                "model": str(tiny_model)}]}}}
+    gw = Gateway(tmp_path, config).start()
+    try:
+        key = gw.create_key("acme")["key"]
+        answers: list = []
+
+        def ask() -> None:
+            r = requests.post(gw.url + "/v1/completions", timeout=300,
+                              headers={"authorization": f"Bearer {key}"},
+                              json={"model": "llm", "prompt": "Tell me a story",
+                                    "max_tokens": 400, "ignore_eos": True})
+            answers.append((r.status_code, r.json()))
+
+        clients = [threading.Thread(target=ask, daemon=True) for _ in range(4)]
+        for c in clients:
+            c.start()
+        time.sleep(1.5)                  # the four are being generated: none can be done yet
+        # Every engine replica (the load may have started a second): nothing answers until
+        # Serve's replacements have loaded their engines.
+        killed_at = time.monotonic()
+        for victim in engine_replicas():
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#engine#{victim}", namespace="serve"),
+                     no_restart=True)
+        for c in clients:
+            c.join(300)
+        assert not any(c.is_alive() for c in clients), "a client hung"
+        assert [status for status, _ in answers] == [200] * 4, answers
+        assert all(a["usage"]["completion_tokens"] == 400 for _, a in answers), answers
+        def failovers() -> float:
+            return sum(float(line.rsplit(" ", 1)[1]) for line in
+                       requests.get(gw.url + "/metrics", timeout=10).text.splitlines()
+                       if line.startswith("spectrum_gateway_replica_requests_total")
+                       and 'routing="failover"' in line)
+        failed_over = wait_until(failovers, 10, "a request answered by failover")
+        assert "ActorDiedError" in gw.log(), gw.log()[-2000:]
+        print(f"{len(answers)} answered, {failed_over:.0f} by failover, the last "
+              f"{time.monotonic() - killed_at:.1f} s after the kill")
+    finally:
+        gw.stop()
