@@ -52,10 +52,10 @@ def delta(after, before, what: str) -> dict[str, float]:
 
 
 def test_adapters_multiplexed_two_per_replica(byo_ray_app, tiny_model):
-    from test_ray_app import running_engine_replicas, wait_until
+    from test_ray_app import running_engine_replicas, wait_for
 
     # One engine replica, so /metrics is the replica that served every request.
-    wait_until(lambda: running_engine_replicas() == 1, 240, "one engine replica")
+    wait_for(lambda: running_engine_replicas() == 1, 240, "one engine replica")
     app = byo_ray_app
     assert app["adapters"] == ADAPTERS and app["adapters_per_replica"] == 2
     start = adapter_counts(app)

@@ -14,6 +14,10 @@ from pathlib import Path
 import pytest
 import requests
 
+# The gateway's test harness: its gateway in front of the application, and its wait_for.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+from gateway_harness import Gateway, wait_for  # noqa: E402
+
 pytestmark = pytest.mark.engine
 
 REPLICA_HEADER = "x-spectrum-replica"
@@ -134,16 +138,6 @@ def running_engine_replicas() -> int:
     return states.get("RUNNING", 0)
 
 
-def wait_until(predicate, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
     import ray
 
@@ -152,19 +146,19 @@ def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
         loaded = time.monotonic()
         # Serve's autoscaler: 4 ongoing requests over a target of 2 per replica -> 2 replicas
         # (each start is an engine load).
-        wait_until(lambda: running_engine_replicas() == 2, 180, "a second engine replica")
+        wait_for(lambda: running_engine_replicas() == 2, 180, "a second engine replica")
         scaled_up_s = time.monotonic() - loaded
-        both = wait_until(lambda: len(load.in_flight()) == 2 and load.in_flight(), 60,
+        both = wait_for(lambda: len(load.in_flight()) == 2 and load.in_flight(), 60,
                           "streams in flight on both replicas")
         victim, survivor = sorted(both)
         before = engine_replicas()
         killed_at = time.monotonic()
         ray.kill(ray.get_actor(f"SERVE_REPLICA::llm#engine#{victim}", namespace="serve"),
                  no_restart=True)
-        replaced = wait_until(lambda: engine_replicas() - before, 10,
+        replaced = wait_for(lambda: engine_replicas() - before, 10,
                               "Serve to start a replacement replica")
         replaced_s = time.monotonic() - killed_at
-        wait_until(lambda: all("ended" in s for s in load.streams
+        wait_for(lambda: all("ended" in s for s in load.streams
                                if s.get("replica") == victim), 10,
                    "the killed replica's streams to end")
     cut = [s for s in load.streams if s.get("replica") == victim
@@ -181,7 +175,7 @@ def test_autoscaling_and_a_replica_killed_mid_stream(byo_ray_app):
     assert any("error" in s for s in cut), cut
     assert all(s.get("done") and "error" not in s for s in spanning), spanning
     # No load: back to one replica after the downscale delay.
-    wait_until(lambda: running_engine_replicas() == 1 and len(engine_replicas()) == 1, 240,
+    wait_for(lambda: running_engine_replicas() == 1 and len(engine_replicas()) == 1, 240,
                "the engine deployment to scale back to 1 replica")
     print(f"scaled 1 -> 2 in {scaled_up_s:.1f} s; replacement {sorted(replaced)} started "
           f"{replaced_s:.1f} s after the kill; {len(cut)} stream(s) cut, "
@@ -196,9 +190,6 @@ def test_the_gateway_in_front_fails_over_what_a_killed_replica_left_unanswered(
     Serve's replacements serve."""
     import ray
     from urllib.parse import urlsplit
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-    from gateway_harness import Gateway
 
     url = byo_ray_app["url"]
     other = f"http://localhost:{urlsplit(url).port}"
@@ -237,7 +228,7 @@ def test_the_gateway_in_front_fails_over_what_a_killed_replica_left_unanswered(
                        requests.get(gw.url + "/metrics", timeout=10).text.splitlines()
                        if line.startswith("spectrum_gateway_replica_requests_total")
                        and 'routing="failover"' in line)
-        failed_over = wait_until(failovers, 10, "a request answered by failover")
+        failed_over = wait_for(failovers, 10, "a request answered by failover")
         assert "ActorDiedError" in gw.log(), gw.log()[-2000:]
         print(f"{len(answers)} answered, {failed_over:.0f} by failover, the last "
               f"{time.monotonic() - killed_at:.1f} s after the kill")
