@@ -132,6 +132,18 @@ def engine_replicas() -> set[str]:
             if a["namespace"] == "serve" and a["name"].startswith(prefix)}
 
 
+def requests_in_engines(url: str, polls: int = 6) -> float:
+    """Requests the engine replicas hold (waiting for or producing tokens), summed over the
+    replicas a few ``/metrics`` polls reached (each answer names its replica)."""
+    held: dict[str, float] = {}
+    for _ in range(polls):
+        r = requests.get(url + "/metrics", timeout=10)
+        held[r.headers.get(REPLICA_HEADER, "")] = sum(
+            float(line.rsplit(" ", 1)[1]) for line in r.text.splitlines()
+            if line.startswith(("byo_requests_running ", "byo_requests_waiting ")))
+    return sum(held.values())
+
+
 def running_engine_replicas() -> int:
     from ray import serve
     states = serve.status().applications["llm"].deployments["engine"].replica_states
@@ -205,13 +217,15 @@ def test_the_gateway_in_front_fails_over_what_a_killed_replica_left_unanswered(
             r = requests.post(gw.url + "/v1/completions", timeout=300,
                               headers={"authorization": f"Bearer {key}"},
                               json={"model": "llm", "prompt": "Tell me a story",
-                                    "max_tokens": 400, "ignore_eos": True})
+                                    "max_tokens": 900, "ignore_eos": True})
             answers.append((r.status_code, r.json()))
 
         clients = [threading.Thread(target=ask, daemon=True) for _ in range(4)]
         for c in clients:
             c.start()
-        time.sleep(1.5)                  # the four are being generated: none can be done yet
+        # Kill only once the engine replicas hold all four: a request still queued in Serve's
+        # router is routed to the replacement, not cut, and would prove nothing here.
+        wait_for(lambda: requests_in_engines(url) >= 4, 60, "the four requests in the engines")
         # Every engine replica (the load may have started a second): nothing answers until
         # Serve's replacements have loaded their engines.
         killed_at = time.monotonic()
@@ -222,7 +236,7 @@ def test_the_gateway_in_front_fails_over_what_a_killed_replica_left_unanswered(
             c.join(300)
         assert not any(c.is_alive() for c in clients), "a client hung"
         assert [status for status, _ in answers] == [200] * 4, answers
-        assert all(a["usage"]["completion_tokens"] == 400 for _, a in answers), answers
+        assert all(a["usage"]["completion_tokens"] == 900 for _, a in answers), answers
         def failovers() -> float:
             return sum(float(line.rsplit(" ", 1)[1]) for line in
                        requests.get(gw.url + "/metrics", timeout=10).text.splitlines()
