@@ -1,12 +1,14 @@
 """A traffic profile: how many requests, how long their prompts and answers, and when they arrive.
 
 Everything random comes from one seeded generator, so a profile and a seed give the same
-requests in the same order at the same offsets on every run and every rung.
+requests in the same order at the same offsets on every run and every rung. The prompts' text
+differs between runs in one place only: each starts with the run's ``RUN_TAG``.
 """
 from __future__ import annotations
 
 import json
 import random
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -103,9 +105,22 @@ def _read_jsonl(path: Path, what: str, fields: tuple[str, ...]) -> Lengths:
                    tuple(texts) if len(texts) == len(values) else ())
 
 
+# Every prompt a run makes starts with this tag (one per process). A server's prefix cache keeps
+# the KV blocks of prompts it has seen: without the tag a second run of the same seed on a warm
+# server found its prompts cached (vLLM measured 81 % hits) and timed prefill at a fifth of its
+# cost, so the run's capacity profile and replay measured another server than the first's.
+RUN_TAG = secrets.token_hex(3)
+
+
 def make_prompt(rng: random.Random, words: int, i: int) -> str:
-    """About ``words`` tokens of text; a request number first so no two prompts share a prefix."""
-    return f"{i} " + " ".join(rng.choice(_WORDS) for _ in range(max(0, words - 1)))
+    """About ``words`` tokens of text; the run's tag and a number first (``RUN_TAG.i``), so no
+    two prompts share a prefix, within a run or with an earlier run's on the same server."""
+    return f"{RUN_TAG}.{i} " + " ".join(rng.choice(_WORDS) for _ in range(max(0, words - 1)))
+
+
+def prompt_number(prompt: str) -> int:
+    """The number ``make_prompt`` put first in a prompt."""
+    return int(prompt.split(" ", 1)[0].rsplit(".", 1)[1])
 
 
 @dataclass(frozen=True)

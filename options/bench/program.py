@@ -86,7 +86,7 @@ class ProgramProfile:
         system = SYSTEM_PROMPT_HEAD
         if self.system_tokens:
             words = max(1, tokens.words_for(self.system_tokens) - len(SYSTEM_PROMPT_HEAD.split()))
-            system += " " + make_prompt(rng, words + 1, 0).split(" ", 1)[1]    # less its number
+            system += " " + make_prompt(rng, words, 0)     # the run's tag: no earlier run's cache
         programs = []
         for i in range(self.programs):
             steps = []

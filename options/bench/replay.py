@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from options.bench.metrics import STATS, RequestRecord, percentile, summarize
-from options.bench.profile import PromptTokens, make_prompt
+from options.bench.profile import RUN_TAG, PromptTokens, make_prompt
 from options.core import BadInput
 
 if TYPE_CHECKING:
@@ -278,9 +278,9 @@ def capacity_from_bench(path: str, mean_input: float, mean_output: float) -> tup
 class PromptBuilder:
     """Prompts of the trace's sizes in the target's tokens, sharing the trace's prefix blocks.
 
-    Without blocks a prompt is ``make_prompt``'s: its request number first, so none shares a
-    prefix with another. With blocks it is the text of each of its blocks in order (a block's
-    text is fixed by its id and starts with it), cut at the prompt's size; a prompt longer than
+    Without blocks a prompt is ``make_prompt``'s: the run's tag and its request number first, so
+    none shares a prefix with another. With blocks it is the text of each of its blocks in order
+    (a block's text is fixed by the run and its id, and starts with them), cut at the prompt's size; a prompt longer than
     its blocks goes on with text of its own.
     """
 
@@ -576,7 +576,7 @@ def replay_doc(args, plan: ReplayPlan, run: ReplayRun, template, details: dict[s
                  "max_input": plan.max_input, "max_output": plan.max_output,
                  "zero_output_sent_as": 1, "block_tokens": plan.block_tokens,
                  "prefix_blocks": plan.trace.prefix_blocks is not None,
-                 "ignore_eos": template.ignore_eos, "prompt_seed": args.seed,
+                 "ignore_eos": template.ignore_eos, "prompt_seed": args.seed, "prompt_tag": RUN_TAG,
                  "max_in_flight": MAX_IN_FLIGHT, "target": target},
         "requests": requests,
         "summary": {

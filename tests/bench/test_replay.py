@@ -24,6 +24,7 @@ from standin_http import serving, stream_completion
 
 from cost.traces import AZURE_CONV_TRACE, read_trace, spec_trace
 from options.bench import replay, runner
+from options.bench.profile import prompt_number
 from options.bench.__main__ import main as bench_main
 from options.contract import OpenAICompletions, Request
 
@@ -81,7 +82,8 @@ def standin(delay_s: float = 0.0):
 
 def measured_prompts() -> list[tuple[str, int]]:
     """What the stand-in got, without the warm-up and the two calibration requests."""
-    return [(p, n) for p, n in StandIn.seen if not p.startswith(("warm-up", "-16 ", "-96 "))]
+    return [(p, n) for p, n in StandIn.seen
+            if not p.startswith("warm-up") and prompt_number(p) not in (-16, -96)]
 
 
 # --- traces written by the tests -----------------------------------------------------------------
@@ -186,8 +188,11 @@ def test_replay_is_open_loop_and_writes_the_replay_keys(tmp_path):
     assert r["summary"]["late_sends"] == 0 and r["summary"]["lost"] == 0
     span = read_trace(trace).span_s
     assert r["summary"]["offered_output_tok_s"] == pytest.approx(sum(o for _, _, o in rows) / span)
-    # Each prompt starts with its own request number: no two share a prefix.
-    assert sorted(int(p.split()[0]) for p, _ in prompts) == list(range(30))
+    # Each prompt starts with the run's tag and its own request number: no two share a prefix,
+    # nor with another run's.
+    tag = r["spec"]["prompt_tag"]
+    assert all(p.startswith(tag + ".") for p, _ in prompts)
+    assert sorted(prompt_number(p) for p, _ in prompts) == list(range(30))
 
 
 def test_prefix_blocks_are_shared_as_the_trace_says(tmp_path):
@@ -205,8 +210,9 @@ def test_prefix_blocks_are_shared_as_the_trace_says(tmp_path):
     assert [len(a), len(b), len(c), len(d)] == [24, 20, 16, 12]      # words = tokens here
     assert a[:16] == b[:16] and a[16:] != b[16:20]                   # blocks 11, 12 shared
     assert a[:8] == c[:8] and a[8:16] != c[8:16]                     # block 11 only
-    assert a[0] == "11" and a[8] == "12" and c[8] == "15"            # a block's text starts with its id
-    assert d[0] == "16" and d[:8] != a[:8]                           # block 16 is its own
+    tag = doc["replay"]["spec"]["prompt_tag"]                       # a block's text starts with the run's tag and its id
+    assert (a[0], a[8], c[8]) == (f"{tag}.11", f"{tag}.12", f"{tag}.15")
+    assert d[0] == f"{tag}.16" and d[:8] != a[:8]                   # block 16 is its own
     assert d[8:] != a[8:12]                                          # and past its one block, text of its own
     assert doc["replay"]["spec"]["block_tokens"] == 8 and doc["replay"]["spec"]["prefix_blocks"] is True
     # The row with 0 output tokens was sent with max_tokens 1, and the run says so.
