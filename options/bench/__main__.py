@@ -86,6 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_replay_arguments(p)
     from options.bench.capacity import add_arguments as add_capacity_arguments
     add_capacity_arguments(p)
+    from options.bench.ray_hop import add_arguments as add_ray_hop_arguments
+    add_ray_hop_arguments(p)
     out = p.add_argument_group("output")
     out.add_argument("--json", metavar="FILE", help="write the spectrum.bench/1 JSON here ('-' = stdout)")
     out.add_argument("--no-progress", action="store_true")
@@ -283,6 +285,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.level == 6 and args.target == "local" and not args.url:
             from options.bench.ray_hop import bench_ray_hop     # the Ray hop: ray_hop.py
             return bench_ray_hop(args, console)
+        if args.ray_ingress_replicas != 1:
+            raise BadInput(f"--ray-ingress-replicas {args.ray_ingress_replicas}: only the Ray "
+                           "hop (--level 6 --target local) starts a Ray application; leave it out")
         from options.bench.replay import ReplayPlan     # open-loop trace replay (--replay)
         replay_plan = ReplayPlan.from_args(args)        # None without --replay; bad input before any server
         profile = None if args.profile in ("agent", "capacity") or replay_plan is not None \

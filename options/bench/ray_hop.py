@@ -178,7 +178,8 @@ def plain_server(env: dict[str, str]) -> Iterator[Contender]:
 
 
 @contextlib.contextmanager
-def ray_server(model: str, settings: dict[str, str]) -> Iterator[Contender]:
+def ray_server(model: str, settings: dict[str, str], ingress_replicas: int = 1
+               ) -> Iterator[Contender]:
     """The Ray application in a process of its own (``python -m options.bench.ray_hop serve``):
     its own process group, stopped with SIGINT (``ray.shutdown()`` runs), then anything of its
     tree still there is killed by pid."""
@@ -189,7 +190,8 @@ def ray_server(model: str, settings: dict[str, str]) -> Iterator[Contender]:
     port = free_port()
     log = Path(log_path("ray-hop-ray"))
     cmd = [sys.executable, "-m", "options.bench.ray_hop", "serve", "--port", str(port),
-           "--model", model, "--settings", json.dumps(settings)]
+           "--model", model, "--settings", json.dumps(settings),
+           "--ingress-replicas", str(ingress_replicas)]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, **own_process_group())
@@ -249,11 +251,12 @@ def _stop_ray(proc: subprocess.Popen, tree) -> None:
 def serve_main(argv: Sequence[str]) -> int:
     """``python -m options.bench.ray_hop serve --port P --model M --settings JSON``: a local
     Ray (options.eks.ray_local) running the application with these settings until SIGINT or
-    SIGTERM; one engine replica, one ingress replica."""
+    SIGTERM; one engine replica and ``--ingress-replicas`` (1) ingress replicas."""
     p = argparse.ArgumentParser(prog="python -m options.bench.ray_hop serve")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--settings", default="{}")
+    p.add_argument("--ingress-replicas", type=int, default=1)
     args = p.parse_args(argv)
 
     def stop(*_):
@@ -265,7 +268,8 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
                        http_port=args.port) as cluster:
-            run_app(local_app_args(args.model, tuple(settings.items())))
+            run_app({**local_app_args(args.model, tuple(settings.items())),
+                     "ingress_replicas": args.ingress_replicas})
             print(f"ready on {cluster.url}", flush=True)
             while True:
                 time.sleep(1)
@@ -313,6 +317,13 @@ def loadavg() -> list[float] | None:
         return None
 
 
+def add_arguments(parser) -> None:
+    g = parser.add_argument_group("the Ray hop (--level 6 --target local)")
+    g.add_argument("--ray-ingress-replicas", type=int, default=1, metavar="N",
+                   help="the Ray application's ingress replicas (1); 0: the engine deployment "
+                        "takes HTTP from Serve's proxy itself, one hop less")
+
+
 def check_args(args) -> None:
     """Bad input for a Ray-hop run, before anything starts."""
     if args.endpoint:
@@ -325,6 +336,9 @@ def check_args(args) -> None:
         if given:
             raise BadInput(f"{flag}: --level 6 --target local measures the Ray hop with plain "
                            "requests at each --concurrency; leave it out")
+    if args.ray_ingress_replicas < 0:
+        raise BadInput(f"--ray-ingress-replicas {args.ray_ingress_replicas} must be 0 (the "
+                       "engine deployment as the ingress) or more")
     if not isinstance(args.rounds, int) or args.rounds < 1:
         raise BadInput(f"--rounds {args.rounds!r} must be a whole number >= 1 (3 or more to "
                        "see a spread)")
@@ -357,7 +371,7 @@ def bench_ray_hop(args, console) -> int:
         env = {**env, "VLLM_CPU_KVCACHE_SPACE": settings["VLLM_CPU_KVCACHE_SPACE"]}
         start: dict[str, Callable[[], Any]] = {
             "plain": lambda: plain_server(env),
-            "ray": lambda: ray_server(model, settings)}
+            "ray": lambda: ray_server(model, settings, args.ray_ingress_replicas)}
         for n, order in enumerate(round_order(args.rounds), start=1):
             for name in order:
                 say(f"round {n}/{args.rounds}: starting {name} ...")
@@ -383,7 +397,8 @@ def bench_ray_hop(args, console) -> int:
                         "concurrency": concurrencies, "rounds": args.rounds,
                         "requests": args.requests, "prompt_tokens": args.prompt_tokens,
                         "output_tokens": args.output_tokens, "ignore_eos": True,
-                        "seed": args.seed, "cpus": os.cpu_count()},
+                        "seed": args.seed, "cpus": os.cpu_count(),
+                        "ray_ingress_replicas": args.ray_ingress_replicas},
            "goal": GOAL, **compare(runs), "runs": runs}
     if args.json:
         report.write_json(doc, args.json)

@@ -102,6 +102,12 @@ def test_front_end_cpu_leaves_the_engine_processes_out():
 
 @pytest.mark.parametrize("extra", [["--adapters", "a1"], ["--profile", "agent"],
                                    ["--request-rate", "2"], ["--rounds", "0"],
-                                   ["--endpoint", "e"]])
+                                   ["--endpoint", "e"], ["--ray-ingress-replicas", "-1"]])
 def test_bad_input_exits_2_before_anything_starts(extra, capsys):
     assert main(["--level", "6", "--target", "local", "--no-progress", *extra]) == 2
+
+
+def test_the_ray_layout_flag_is_refused_where_no_ray_application_starts(capsys):
+    assert main(["--level", "5", "--url", "http://127.0.0.1:9", "--no-progress",
+                 "--ray-ingress-replicas", "0"]) == 2
+    assert "--ray-ingress-replicas 0: only the Ray hop" in capsys.readouterr().out

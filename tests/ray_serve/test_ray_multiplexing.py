@@ -74,6 +74,17 @@ def test_the_builder_checks_the_adapters_per_replica():
         parse_args({"model": "m", "settings": lora, "max_adapters_per_replica": 0})
 
 
+def test_the_engine_as_its_own_ingress_is_refused_with_lora():
+    """Without the ingress nothing names a request's adapter for Serve from its body."""
+    parsed, _ = parse_args({"model": "m", "ingress_replicas": 0})
+    assert parsed.ingress_replicas == 0
+    with pytest.raises(ConfigError, match="ingress_replicas 0 .* with LoRA on"):
+        parse_args({"model": "m", "ingress_replicas": 0,
+                    "settings": {"SM_VLLM_ENABLE_LORA": "true"}})
+    with pytest.raises(ConfigError, match="ingress_replicas -1 must be a whole number >= 0"):
+        parse_args({"model": "m", "ingress_replicas": -1})
+
+
 def evictions(name: str) -> float:
     return metrics.ADAPTER_EVICTIONS.labels(name)._value.get()
 

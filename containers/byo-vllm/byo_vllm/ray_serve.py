@@ -64,6 +64,8 @@ MAX_ONGOING_REQUESTS = 128
 # the tiny model makes a token a millisecond. vLLM's stream_interval does the same in tokens.
 # The first token is never held.
 STREAM_FLUSH_S = 0.02
+# How long a request whose client went away may take to stop on its own before it is cancelled.
+DISCONNECT_GRACE_S = 2.0
 # Each answer says which engine replica gave it (Serve's replica id).
 REPLICA_HEADER = b"x-spectrum-replica"
 # The ingress only relays bytes: it takes many requests per replica.
@@ -86,7 +88,8 @@ ARGS = {
     "engine_num_cpus": "CPUs Ray reserves for each engine replica",
     "engine_num_gpus": "GPUs Ray gives each engine replica (tensor x pipeline parallel)",
     "max_ongoing_requests": "the most requests one engine replica takes at once",
-    "ingress_replicas": "replicas of the light ingress deployment",
+    "ingress_replicas": "replicas of the light ingress deployment; 0: the engine deployment "
+                        "takes HTTP itself (one hop less; no LoRA)",
     "max_adapters_per_replica": "LoRA adapters one engine replica holds at once (Serve's "
                                 "max_num_models_per_replica; needs SM_VLLM_ENABLE_LORA; "
                                 "default: SM_VLLM_MAX_CPU_LORAS)",
@@ -152,7 +155,7 @@ def parse_args(args: dict[str, Any] | None) -> tuple[RayAppArgs, ServerSettings]
     if autoscaling is not None:
         problems += _autoscaling_problems(autoscaling)
     numbers = {"num_replicas": (replicas, int, 1), "ingress_replicas":
-               (args.get("ingress_replicas", 1), int, 1),
+               (args.get("ingress_replicas", 1), int, 0),
                "max_ongoing_requests": (args.get("max_ongoing_requests", MAX_ONGOING_REQUESTS),
                                         int, 1),
                "engine_num_cpus": (args.get("engine_num_cpus", 1.0), (int, float), 0),
@@ -194,6 +197,11 @@ def lora_enabled(server: ServerSettings) -> bool:
 
 
 def _adapter_problems(parsed: RayAppArgs, server: ServerSettings) -> list[str]:
+    if parsed.ingress_replicas == 0 and lora_enabled(server):
+        return ["ingress_replicas 0 (the engine deployment as the ingress) with LoRA on: the "
+                "ingress is what names each request's adapter (the body's model, SageMaker's "
+                "TargetModel) for Serve's multiplexing; keep ingress_replicas >= 1, or turn "
+                "SM_VLLM_ENABLE_LORA off"]
     wanted = parsed.max_adapters_per_replica
     if wanted is None:
         return []
@@ -262,10 +270,10 @@ class EngineServer:
         from .app import create_app
 
         self.settings = settings_from_env(server_env)
-        self.app = create_app(self.settings)
-        self.lifespan = _Lifespan(self.app)
+        self.byo_app = create_app(self.settings)
+        self.lifespan = _Lifespan(self.byo_app)
         await self.lifespan.startup()             # the engine loads in the background
-        backend = self.app.backend
+        backend = self.byo_app.backend
         while not backend.ready:                  # Serve routes nothing here before ready
             why = _unavailable(backend)
             if why is not None:
@@ -290,7 +298,7 @@ class EngineServer:
 
     def check_health(self) -> None:
         """Serve's health check: the engine is up, or the replica is replaced."""
-        backend = self.app.backend
+        backend = self.byo_app.backend
         if not backend.ready:
             raise RuntimeError(_unavailable(backend) or "the engine is not ready")
 
@@ -321,7 +329,7 @@ class EngineServer:
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        task = asyncio.ensure_future(self.app(scope, receive, messages.put))
+        task = asyncio.ensure_future(self.byo_app(scope, receive, messages.put))
         task.add_done_callback(lambda _: messages.put_nowait(None))
         loop = asyncio.get_running_loop()
         answering, last_sent = False, 0.0
@@ -340,6 +348,12 @@ class EngineServer:
         finally:
             gone.set()
             if not task.done():
+                # The App reads the disconnect and stops the request in the engine itself, as
+                # on the plain server (and counts it: byo_requests_aborted); cancelled only if
+                # it does not end within DISCONNECT_GRACE_S.
+                with contextlib.suppress(asyncio.TimeoutError, asyncio.CancelledError):
+                    await asyncio.wait_for(asyncio.shield(task), DISCONNECT_GRACE_S)
+            if not task.done():
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
@@ -348,6 +362,37 @@ class EngineServer:
         lifespan = getattr(self, "lifespan", None)
         if lifespan is not None:
             await lifespan.shutdown()
+
+
+class EngineIngress(EngineServer):
+    """``ingress_replicas: 0``: the engine deployment takes HTTP from Serve's proxy itself, one
+    streamed hop (proxy → engine replica) instead of two (proxy → ingress → engine). The same
+    answers, paced the same way (``http``); without the ingress, adapters cannot be chosen by
+    the body's ``model``, so LoRA needs the ingress (``parse_args`` says so), and a replica that
+    dies before answering is Serve's proxy's 500 rather than the ingress's 503."""
+
+    def __serve_build_asgi_app__(self) -> "EngineAsgi":
+        return EngineAsgi(self)
+
+
+class EngineAsgi:
+    """ASGI (an object, not a bound method: uvicorn's lifespan, which Serve runs, would take a
+    method for ASGI2): HTTP from Serve's proxy answered by this replica's ``http``."""
+
+    def __init__(self, server: EngineIngress) -> None:
+        self.server = server
+
+    async def __call__(self, scope: dict[str, Any], receive, send) -> None:
+        body = await _http_body(scope, receive, send, self.server.lifespan.shutdown)
+        if body is None:
+            return
+        answer = self.server.http(forwarded_scope(scope), body)
+        try:
+            async for batch in answer:
+                for message in batch:
+                    await send(message)
+        finally:
+            await answer.aclose()                  # a client gone: the engine aborts the request
 
 
 class ServedAdapter:
@@ -438,17 +483,9 @@ class Relay:
         self.base_names = set(base_names) if base_names is not None else None
 
     async def __call__(self, scope: dict[str, Any], receive, send) -> None:
-        if scope["type"] == "lifespan":
-            while True:
-                message = await receive()
-                await send({"type": message["type"] + ".complete"})
-                if message["type"] == "lifespan.shutdown":
-                    return
-        if scope["type"] != "http":
-            return
-        body = await _read_body(receive, MAX_BODY_BYTES + 1)
+        body = await _http_body(scope, receive, send)
         if body is None:
-            return                                 # the client left before sending it all
+            return
         forwarded = forwarded_scope(scope)
         adapter = ""
         if self.base_names is not None:
@@ -474,6 +511,23 @@ class Relay:
         finally:
             if not finished:
                 response.cancel()                  # the client went away: stop the engine
+
+
+async def _http_body(scope: dict[str, Any], receive, send, on_shutdown=None) -> bytes | None:
+    """What both ASGI fronts do first: an HTTP request's body (None when there is no request
+    to answer). Serve's lifespan messages are answered complete (the engine starts in the
+    replica's constructor), ``on_shutdown`` run before the shutdown's."""
+    if scope["type"] == "lifespan":
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.shutdown" and on_shutdown is not None:
+                await on_shutdown()
+            await send({"type": message["type"] + ".complete"})
+            if message["type"] == "lifespan.shutdown":
+                return None
+    if scope["type"] != "http":
+        return None
+    return await _read_body(receive, MAX_BODY_BYTES + 1)   # None: the client left first
 
 
 async def _read_body(receive, limit: int) -> bytes | None:
@@ -574,6 +628,7 @@ async def _replica_failed(send, started: dict[str, Any] | None, error: Exception
 # ----------------------------------------------------------------------------------- builder
 
 _ENGINE = serve.deployment(name=ENGINE_DEPLOYMENT)(EngineServer)
+_ENGINE_AS_INGRESS = serve.deployment(name=ENGINE_DEPLOYMENT)(serve.ingress()(EngineIngress))
 _INGRESS = serve.deployment(name=INGRESS_DEPLOYMENT)(serve.ingress()(Ingress))
 
 
@@ -591,11 +646,14 @@ def build_app(args: dict[str, Any]) -> serve.Application:
         actor["num_gpus"] = parsed.engine_num_gpus
     if parsed.process_env():
         actor["runtime_env"] = {"env_vars": parsed.process_env()}
-    engine = _ENGINE.options( ray_actor_options=actor,
+    direct = parsed.ingress_replicas == 0
+    engine = (_ENGINE_AS_INGRESS if direct else _ENGINE).options(ray_actor_options=actor,
         max_ongoing_requests=parsed.max_ongoing_requests,
         # Streams in flight finish before a replica stops (the byo server's graceful window).
         graceful_shutdown_timeout_s=server.graceful_timeout_s,
         health_check_period_s=2, health_check_timeout_s=30, **scaling)
+    if direct:
+        return engine.bind(parsed.server_env(), parsed.max_adapters_per_replica)
     ingress = _INGRESS.options(num_replicas=parsed.ingress_replicas,
         ray_actor_options={"num_cpus": 0}, max_ongoing_requests=INGRESS_MAX_ONGOING_REQUESTS,
         graceful_shutdown_timeout_s=server.graceful_timeout_s)

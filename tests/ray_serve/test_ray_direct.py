@@ -1,0 +1,121 @@
+"""The engine deployment as its own ingress (``ingress_replicas: 0``): Serve's proxy hands HTTP
+to the engine replica, one streamed hop instead of two. Deployed beside the test run's default
+application through the same deploy-from-config path, at ``/direct``, and removed after."""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+from gateway_harness import wait_for  # noqa: E402
+
+pytestmark = pytest.mark.engine
+
+ROUTE = "/direct"
+REPLICA_HEADER = "x-spectrum-replica"
+
+
+@pytest.fixture(scope="module")
+def direct_app(byo_ray_app, tiny_model):
+    from ray.serve.context import _get_global_client
+    from ray.serve.schema import ServeDeploySchema
+
+    base = byo_ray_app["config"]
+    default = base["applications"][0]
+    settings = {k: v for k, v in default["args"]["settings"].items()
+                if "LORA" not in k and "ADAPTER" not in k}
+    direct = {"name": "direct", "route_prefix": ROUTE, "import_path": default["import_path"],
+              "args": {"model": str(tiny_model), "settings": settings, "num_replicas": 1,
+                       "ingress_replicas": 0,
+                       # No CPU reserved: the default application keeps both of this Ray's.
+                       "engine_num_cpus": 0}}
+    both = copy.deepcopy(base)
+    both["applications"] = [*base["applications"], direct]
+    client = _get_global_client()
+    client.deploy_apps(ServeDeploySchema.model_validate(both))
+    from ray import serve
+
+    def running():
+        app = serve.status().applications.get("direct")
+        assert app is None or not str(app.status).endswith("DEPLOY_FAILED"), app.message
+        return app is not None and str(app.status).endswith("RUNNING")
+    try:
+        wait_for(running, 300, "the direct application to run")
+        assert set(serve.status().applications["direct"].deployments) == {"engine"}
+        yield byo_ray_app["url"] + ROUTE
+    finally:
+        client.deploy_apps(ServeDeploySchema.model_validate(base))     # "direct" removed
+
+
+def test_answers_and_streams_through_one_hop(direct_app, tiny_model):
+    from openai import OpenAI
+
+    client = OpenAI(base_url=direct_app + "/v1", api_key="unused", max_retries=0, timeout=120)
+    done = client.completions.create(model=str(tiny_model), prompt="Hello", max_tokens=6,
+                                     extra_body={"ignore_eos": True})
+    assert done.choices[0].finish_reason == "length" and done.usage.completion_tokens == 6
+    chunks = list(client.completions.create(model=str(tiny_model), prompt="Hi", max_tokens=40,
+                                            stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[-1].choices[0].finish_reason == "length"
+    r = requests.post(direct_app + "/invocations", timeout=60,
+                      json={"inputs": "Hello", "parameters": {"max_new_tokens": 3}})
+    assert r.status_code == 200, r.text
+    answer = r.json()
+    assert "generated_text" in (answer[0] if isinstance(answer, list) else answer), answer
+    assert r.headers.get(REPLICA_HEADER)
+    bad = requests.post(direct_app + "/v1/completions", timeout=60,
+                        json={"prompt": "Hi", "max_tokens": -1})
+    assert bad.status_code == 400 and "max_tokens" in bad.text
+
+
+def metric(url: str, name: str) -> float:
+    return sum(float(line.rsplit(" ", 1)[1]) for line in
+               requests.get(url + "/metrics", timeout=10).text.splitlines()
+               if line.startswith(name))
+
+
+@pytest.fixture(params=["ingress", "direct"])
+def either_layout(request, byo_ray_app):
+    """The default application's URL (proxy → ingress → engine), or the direct one's."""
+    if request.param == "ingress":
+        return byo_ray_app["url"], ""
+    return request.getfixturevalue("direct_app"), ROUTE
+
+
+def test_a_client_that_leaves_mid_stream_stops_the_engine(either_layout):
+    """As on the plain server: the engine stops generating for a client that hung up, and
+    counts it. The engine may finish first when this process is descheduled through the whole
+    answer (about a second here): then the attempt proves nothing, and is tried again."""
+    import socket
+    from urllib.parse import urlsplit
+
+    direct_app, route = either_layout     # the default application is back to one replica
+    where = urlsplit(direct_app)
+    body = json.dumps({"prompt": "A long answer", "max_tokens": 1000, "stream": True,
+                       "ignore_eos": True}).encode()
+    for _attempt in range(3):
+        generated_before = metric(direct_app, "vllm:generation_tokens_total")
+        aborted_before = metric(direct_app, "byo_requests_aborted_total")
+        client = socket.create_connection((where.hostname, where.port), timeout=10)
+        client.sendall(b"POST %s/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                       b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                       % (route.encode(), len(body), body))
+        received = b""
+        while received.count(b"data: ") < 2:
+            received += client.recv(4096)
+        assert received.startswith(b"HTTP/1.1 200"), received[:200]
+        client.close()                                   # the client goes away mid-stream
+        wait_for(lambda: metric(direct_app, "vllm:num_requests_running") == 0, 60,
+                 "the engine to drop or finish the request")
+        generated = metric(direct_app, "vllm:generation_tokens_total") - generated_before
+        print(f"attempt {_attempt}: {generated:.0f} tokens generated of 1000")
+        if generated < 1000:
+            break
+    assert generated < 1000, f"the engine generated the whole answer ({generated:.0f} tokens)"
+    wait_for(lambda: metric(direct_app, "byo_requests_aborted_total") == aborted_before + 1,
+             60, "the server to count the abort")
