@@ -354,22 +354,40 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
 
 
 def predict_replay(args) -> dict[str, Any]:
-    if not args.bench:
-        raise BadInput("--predict-replay needs --bench FILE: the capacity bench of the server the replay ran on")
-    capacity = capacity_from_args(args)
+    """Each replay re-predicted on ``--bench`` (or ``--capacity``), or, without either, on the
+    capacity file the replay was paced from (its spec's ``capacity_file``: ``--load F
+    --capacity BENCH.json``), which is the profile measured right before it."""
     paths = [Path(p) for p in args.predict_replay]
     replays = [read_replay(p) for p in paths]            # every file checked before any simulation
+    given = bool(args.bench) or args.capacity is not None
+    capacities = ([capacity_from_args(args)] * len(paths) if given
+                  else [replay_capacity(path, replay) for path, replay in zip(paths, replays)])
     docs, samples = [], []
-    for path, replay in zip(paths, replays):
+    for path, replay, capacity in zip(paths, replays, capacities):
         doc, sample = predict_one(path, replay, capacity, args.seed)
+        if not given:
+            doc["capacity"] = capacity.to_json()
         docs.append(doc)
         samples.append((f"load {doc['load']:g}" if doc["load"] else path.stem, sample))
     data: dict[str, Any] = docs[0] if len(docs) == 1 else {"replays": docs}
-    data["capacity"] = capacity.to_json()
+    if given:
+        data["capacity"] = capacities[0].to_json()
     if args.plot:
         from cost.plot import plot_prediction_cdfs
-        data["plot"] = str(plot_prediction_cdfs(args.plot, samples, capacity.source))
+        source = capacities[0].source if given else "the capacity profile each replay was paced from"
+        data["plot"] = str(plot_prediction_cdfs(args.plot, samples, source))
     return data
+
+
+def replay_capacity(path: Path, replay: dict[str, Any]):
+    """The capacity model of the bench a replay names as its ``capacity_file``."""
+    from cost.simulate.capacity import load_capacity
+
+    named = replay["spec"].get("capacity_file")
+    if not named:
+        raise BadInput(f"--predict-replay {str(path)!r} was not paced from a capacity file (no --load/"
+                       "--capacity when it ran): give --bench FILE, the capacity bench of the server it ran on")
+    return load_capacity(named)
 
 
 def _stats_ms(values_s) -> dict[str, float | None]:

@@ -296,6 +296,30 @@ def test_simulate_refuses_bad_input_naming_it(capsys, args, message):
 
 def test_predict_replay_needs_a_bench(capsys, tmp_path):
     replay = tmp_path / "replay.json"
-    replay.write_text("{}")
+    replay.write_text(json.dumps({"replay": {"spec": {"trace": {}}, "summary": {}}}))
     code, _, err = cli(capsys, "--predict-replay", str(replay))
-    assert code == 2 and "--bench" in err
+    assert code == 2 and "was not paced from a capacity file" in err and "--bench" in err
+
+
+def test_predict_replay_defaults_to_the_capacity_file_each_replay_was_paced_from(capsys, tmp_path):
+    """Two replays paced from two profiles: each re-predicted on its own."""
+    from cost.simulate.capacity import CapacityModel
+    from cost.traces import read_trace
+
+    replays = []
+    for n, tok_s in enumerate((800.0, 3000.0)):
+        bench = tmp_path / f"capacity-{n}.json"
+        bench.write_text(json.dumps(CapacityModel.from_throughput(tok_s, f"test {tok_s:g}").to_json()))
+        spec = {"trace": read_trace(AZURE_CONV_TRACE, window=(0.0, 60.0)).spec, "time_scale": 1.0,
+                "load": 0.5 + n, "capacity_file": str(bench)}
+        replay = tmp_path / f"replay-{n}.json"
+        replay.write_text(json.dumps({"replay": {"spec": spec, "summary": {
+            "ttft_ms": {"p50": 100.0, "p90": 200.0, "p99": 300.0},
+            "e2e_ms": {"p50": 1000.0, "p90": 2000.0, "p99": 3000.0}}}}))
+        replays.append(str(replay))
+    code, out, err = cli(capsys, "--predict-replay", *replays, "--json")
+    assert code == 0, err
+    docs = json.loads(out)["replays"]
+    assert [d["capacity"]["source"].split(":")[0] for d in docs] == ["test 800", "test 3000"]
+    # The slower replica queues more of the same minute of traffic.
+    assert docs[0]["predicted"]["e2e_ms"]["p99"] > docs[1]["predicted"]["e2e_ms"]["p99"]
