@@ -81,6 +81,8 @@ def byo_serve_config(r: ResolvedSpec) -> dict[str, Any]:
             "max_ongoing_requests": MAX_ONGOING_REQUESTS}
     if r.lora:      # the engine's adapter cache is what Serve's multiplexing keeps per replica
         args["max_adapters_per_replica"] = r.max_cpu_loras
+    if r.ray_ingress_replicas != 1:     # the builder's default is one ingress replica
+        args["ingress_replicas"] = r.ray_ingress_replicas
     return {"applications": [{"name": "llm", "route_prefix": "/", "import_path": BYO_APP,
                               "args": args}]}
 

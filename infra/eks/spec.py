@@ -88,6 +88,7 @@ class EksSpec:
     cluster_name: str = "spectrum"
     engine: str = "deployment"
     serve_app: str = "byo"
+    ray_ingress_replicas: int = 1          # the byo Serve app's ingress replicas; 0: engine as ingress
     gpu_nodes: str = "karpenter"
     capacity_type: str = "on-demand"
     edge: str = "gateway"
@@ -319,6 +320,7 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if spec.serve_app != "byo" and spec.engine != "rayservice":
         problems.append(f"--serve-app {spec.serve_app} applies to --engine rayservice only: add "
                         "--engine rayservice, or drop --serve-app")
+    problems += _ray_ingress_problems(spec)
     _check_choice(problems, "--gpu-nodes", spec.gpu_nodes, GPU_NODE_MODES)
     _check_choice(problems, "--capacity-type", spec.capacity_type, CAPACITY_TYPES)
     _check_choice(problems, "--edge", spec.edge, EDGES)
@@ -504,3 +506,21 @@ def _check_gateway(problems: list[str], spec: EksSpec) -> None:
             or not 1 <= spec.gateway_replicas <= 100):
         problems.append(f"--gateway-replicas {spec.gateway_replicas!r} must be a whole number "
                         "between 1 and 100")
+
+
+def _ray_ingress_problems(spec: EksSpec) -> list[str]:
+    """--ray-ingress-replicas: the byo Serve application's ingress replicas (0: the engine
+    deployment takes HTTP itself, one hop less, which cannot route adapters by body)."""
+    n = spec.ray_ingress_replicas
+    if n == 1:
+        return []
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return [f"--ray-ingress-replicas {n!r} must be a whole number >= 0 (0: the engine "
+                "deployment as the ingress)"]
+    if spec.engine != "rayservice" or spec.serve_app != "byo":
+        return [f"--ray-ingress-replicas {n} sizes the byo Serve application's ingress: it needs "
+                "--engine rayservice with --serve-app byo (the default); drop it otherwise"]
+    if n == 0 and spec.adapters:
+        return ["--ray-ingress-replicas 0 with --adapter: the ingress is what names each request's "
+                "adapter for Serve's multiplexing; keep an ingress (1 or more), or drop --adapter"]
+    return []

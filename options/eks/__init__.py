@@ -83,6 +83,10 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="--engine rayservice's Serve application: byo (default) the byo server's "
                         "engine and routes on the --image; ray-llm: ray.serve.llm's OpenAI app on "
                         "Ray's LLM image")
+    g.add_argument("--ray-ingress-replicas", type=int, metavar="N",
+                   help="--engine rayservice: replicas of the byo application's ingress deployment "
+                        "(default 1); 0: the engine deployment takes HTTP from Serve's proxy itself, "
+                        "one hop less (no --adapter)")
     g.add_argument("--gpu-nodes", choices=("karpenter", "nodegroup"),
                    help="karpenter (default): NodePool + EC2NodeClass; nodegroup: a GPU managed node group")
     g.add_argument("--capacity-type", choices=("on-demand", "spot"),
@@ -164,6 +168,7 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "rate_limit_rps": args.rate_limit_rps, "rate_limit_burst": args.rate_limit_burst,
         "namespace": args.namespace, "region": region, "cluster_name": args.cluster_name,
         "engine": args.engine, "serve_app": args.serve_app, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
+        "ray_ingress_replicas": getattr(args, "ray_ingress_replicas", None),
         "edge": args.edge, "options": _options(args.option),
         "adapters": tuple(parse_adapter(a) for a in _as_list(getattr(args, "adapter", None))),
         "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,

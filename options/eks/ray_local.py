@@ -90,6 +90,8 @@ def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Names
     from options.eks import local_autoscaling_config
 
     app_args = local_app_args(model, options, local_autoscaling_config(args))
+    if getattr(args, "ray_ingress_replicas", None) is not None:
+        app_args["ingress_replicas"] = args.ray_ingress_replicas
     summary: dict[str, Any] = {"level": 6, "target": "local", "engine": "rayservice",
                                "model": source.label}
     say("Level 6 — EKS with --engine rayservice, on this machine: the byo server as a Ray Serve "

@@ -115,3 +115,10 @@ def test_other_rungs_refuse_the_flag_with_how_they_scale():
 
     with pytest.raises(BadInput, match="--autoscaling-from does not apply to level 3"):
         parse_args(["--level", "3", "--autoscaling-from", "sim.json"])
+
+
+def test_the_deploy_flag_renders_the_engine_as_its_own_ingress():
+    eks = spec("--engine", "rayservice", "--image", "registry.example/byo:1", "--ray-ingress-replicas", "0")
+    assert eks.ray_ingress_replicas == 0
+    assert serve_app(render(eks))["args"]["ingress_replicas"] == 0
+    assert spec("--engine", "rayservice", "--image", "registry.example/byo:1").ray_ingress_replicas == 1

@@ -276,6 +276,19 @@ def test_rays_own_schema_and_the_byo_builder_check_each_serve_config():
         lambda app: app["args"].update(engine_num_gpus=8))
 
 
+def test_the_engine_as_its_own_ingress_renders_and_passes_rays_schema_and_the_builder():
+    rendered = render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter",
+                               ray_ingress_replicas=0))
+    ray = docs_by_kind(rendered)["RayService"]
+    assert yaml.safe_load(ray["spec"]["serveConfigV2"])["applications"][0]["args"][
+        "ingress_replicas"] == 0
+    docs = [(m.file, m.doc) for m in rendered.manifests]
+    assert v.check_ray_serve_configs(docs).status == v.PASSED
+    default = render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter"))
+    assert "ingress_replicas" not in yaml.safe_load(docs_by_kind(default)["RayService"]["spec"][
+        "serveConfigV2"])["applications"][0]["args"]      # the builder's default: one
+
+
 def test_eksctl_schema_catches_a_misspelt_field(base):
     config = copy.deepcopy(base.cluster_config)
     config["managedNodeGroups"][0]["instanceTyp"] = config["managedNodeGroups"][0].pop("instanceType")

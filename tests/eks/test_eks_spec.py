@@ -90,6 +90,19 @@ def test_ray_llm_needs_no_image_and_says_an_image_is_unused(prices):
     assert any("--image is not used by --engine rayservice" in w for w in r.warnings)
 
 
+def test_ray_ingress_replicas_size_the_byo_application_only(prices):
+    assert resolve(EksSpec(engine="rayservice", image=IMAGE, ray_ingress_replicas=0),
+                   prices).ray_ingress_replicas == 0
+    with pytest.raises(BadInput, match="--ray-ingress-replicas 2 sizes the byo Serve "
+                                       "application's ingress: it needs --engine rayservice"):
+        resolve(EksSpec(image=IMAGE, ray_ingress_replicas=2), prices)
+    with pytest.raises(BadInput, match="--ray-ingress-replicas -1 must be a whole number >= 0"):
+        resolve(EksSpec(engine="rayservice", image=IMAGE, ray_ingress_replicas=-1), prices)
+    with pytest.raises(BadInput, match="--ray-ingress-replicas 0 with --adapter"):
+        resolve(EksSpec(engine="rayservice", image=IMAGE, ray_ingress_replicas=0,
+                        adapters=(("a1", "s3://acme-adapters/llm/a1"),)), prices)
+
+
 def test_the_byo_serve_app_runs_on_the_projects_image(prices):
     with pytest.raises(BadInput, match="image is missing"):
         resolve(EksSpec(engine="rayservice"), prices)
