@@ -268,8 +268,8 @@ def serve_main(argv: Sequence[str]) -> int:
     try:
         with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
                        http_port=args.port) as cluster:
-            run_app({**local_app_args(args.model, tuple(settings.items())),
-                     "ingress_replicas": args.ingress_replicas})
+            run_app(local_app_args(args.model, tuple(settings.items()),
+                                   ingress_replicas=args.ingress_replicas))
             print(f"ready on {cluster.url}", flush=True)
             while True:
                 time.sleep(1)

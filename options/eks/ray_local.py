@@ -67,13 +67,16 @@ def run_app(args: dict[str, Any], name: str = APP_NAME):
 
 
 def local_app_args(model: str, options: tuple[tuple[str, str], ...],
-                   autoscaling: dict[str, Any] | None = None) -> dict[str, Any]:
+                   autoscaling: dict[str, Any] | None = None,
+                   ingress_replicas: int | None = None) -> dict[str, Any]:
     """build_app's args for this machine: one engine replica (or Serve's autoscaling with
     ``autoscaling``, e.g. what --autoscaling-from took from cost simulate), the options as its
-    settings."""
+    settings, and ``ingress_replicas`` where given (0: the engine as its own ingress)."""
     settings = dict(options)
     settings.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")   # else most of a NUMA node
     sizing: dict[str, Any] = {"autoscaling_config": autoscaling} if autoscaling else {"num_replicas": 1}
+    if ingress_replicas is not None:
+        sizing["ingress_replicas"] = ingress_replicas
     return {"model": model, "settings": settings, **sizing, "engine_num_cpus": LOCAL_ENGINE_CPUS}
 
 
@@ -89,9 +92,8 @@ def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Names
     model = str(source.local_folder()) if source.path or source.tiny else source.hub_id
     from options.eks import local_autoscaling_config
 
-    app_args = local_app_args(model, options, local_autoscaling_config(args))
-    if getattr(args, "ray_ingress_replicas", None) is not None:
-        app_args["ingress_replicas"] = args.ray_ingress_replicas
+    app_args = local_app_args(model, options, local_autoscaling_config(args),
+                              getattr(args, "ray_ingress_replicas", None))
     summary: dict[str, Any] = {"level": 6, "target": "local", "engine": "rayservice",
                                "model": source.label}
     say("Level 6 — EKS with --engine rayservice, on this machine: the byo server as a Ray Serve "

@@ -20,6 +20,7 @@ import pytest
 import requests
 
 from conftest import GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
+from stream_hang_up import assert_hang_up_is_aborted
 
 pytestmark = pytest.mark.engine
 
@@ -218,41 +219,8 @@ def test_64_concurrent_streams_exact_and_unmixed_while_ping_stays_fast(byo_serve
     assert len(set(streamed_texts)) > n // 2
 
 
-def _start_stream_and_hang_up(url: str, body: bytes) -> None:
-    """Sends a streaming request on a raw socket, reads three events, then closes."""
-    host, port = url.removeprefix("http://").split(":")
-    client = socket.create_connection((host, int(port)), timeout=10)
-    client.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                   b"application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-    received = b""
-    while received.count(b"data: ") < 3:
-        received += client.recv(4096)
-    assert received.startswith(b"HTTP/1.1 200")     # streaming: the request is running
-    client.close()                                   # the client goes away mid-stream
-
-
 def test_disconnected_stream_is_aborted_in_the_engine(byo_server):
-    max_tokens = MAX_MODEL_LEN - 16
-    body = json.dumps({"prompt": "A long answer", "max_tokens": max_tokens, "ignore_eos": True,
-                       "stream": True}).encode()
-    # The server can only notice a client that left while the engine is still generating. If
-    # this process is descheduled for the whole answer (seconds, on a loaded shared machine)
-    # the engine finishes first and the attempt proves nothing either way: try again. A server
-    # that never aborts fails every attempt. How far the engine got is no measure of the
-    # server: the hang-up itself can come seconds late here.
-    for _attempt in range(3):
-        generated_before = byo_server.metric("vllm:generation_tokens_total")
-        aborted_before = byo_server.metric("byo_requests_aborted_total")
-        _start_stream_and_hang_up(byo_server.url, body)
-        # Generous limits: the waits end as soon as they hold, and a loaded CI machine is slow.
-        wait_for(lambda: byo_server.metric("vllm:num_requests_running") == 0, 60,
-                 "the engine to drop or finish the request")
-        generated = byo_server.metric("vllm:generation_tokens_total") - generated_before
-        if generated < max_tokens:
-            break
-    assert generated < max_tokens, f"the engine generated the whole answer ({generated} tokens)"
-    wait_for(lambda: byo_server.metric("byo_requests_aborted_total") == aborted_before + 1,
-             60, "the server to count the abort")
+    assert_hang_up_is_aborted(byo_server.url, byo_server.metric, MAX_MODEL_LEN - 16, wait_for)
 
 
 def test_stream_to_an_http_1_0_client_is_written_whole_then_closed(byo_server):

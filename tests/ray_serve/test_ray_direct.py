@@ -4,7 +4,6 @@ application through the same deploy-from-config path, at ``/direct``, and remove
 from __future__ import annotations
 
 import copy
-import json
 import sys
 from pathlib import Path
 
@@ -13,6 +12,7 @@ import requests
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from gateway_harness import wait_for  # noqa: E402
+from stream_hang_up import assert_hang_up_is_aborted  # noqa: E402  (tests/byo_vllm, by conftest)
 
 pytestmark = pytest.mark.engine
 
@@ -89,33 +89,8 @@ def either_layout(request, byo_ray_app):
 
 def test_a_client_that_leaves_mid_stream_stops_the_engine(either_layout):
     """As on the plain server: the engine stops generating for a client that hung up, and
-    counts it. The engine may finish first when this process is descheduled through the whole
-    answer (about a second here): then the attempt proves nothing, and is tried again."""
-    import socket
-    from urllib.parse import urlsplit
-
-    direct_app, route = either_layout     # the default application is back to one replica
-    where = urlsplit(direct_app)
-    body = json.dumps({"prompt": "A long answer", "max_tokens": 1000, "stream": True,
-                       "ignore_eos": True}).encode()
-    for _attempt in range(3):
-        generated_before = metric(direct_app, "vllm:generation_tokens_total")
-        aborted_before = metric(direct_app, "byo_requests_aborted_total")
-        client = socket.create_connection((where.hostname, where.port), timeout=10)
-        client.sendall(b"POST %s/v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
-                       b"application/json\r\nContent-Length: %d\r\n\r\n%s"
-                       % (route.encode(), len(body), body))
-        received = b""
-        while received.count(b"data: ") < 2:
-            received += client.recv(4096)
-        assert received.startswith(b"HTTP/1.1 200"), received[:200]
-        client.close()                                   # the client goes away mid-stream
-        wait_for(lambda: metric(direct_app, "vllm:num_requests_running") == 0, 60,
-                 "the engine to drop or finish the request")
-        generated = metric(direct_app, "vllm:generation_tokens_total") - generated_before
-        print(f"attempt {_attempt}: {generated:.0f} tokens generated of 1000")
-        if generated < 1000:
-            break
-    assert generated < 1000, f"the engine generated the whole answer ({generated:.0f} tokens)"
-    wait_for(lambda: metric(direct_app, "byo_requests_aborted_total") == aborted_before + 1,
-             60, "the server to count the abort")
+    counts it."""
+    url, route = either_layout     # the default application is back to one replica
+    generated = assert_hang_up_is_aborted(url, lambda name: metric(url, name), 1000, wait_for,
+                                          path=route + "/v1/completions")
+    print(f"{generated:.0f} tokens generated of 1000")
