@@ -12,18 +12,35 @@ output × output price.
 Latency on Bedrock is not ours to model from a bench of our server: TTFT = a fixed first-token
 time + input / prompt rate, then output tokens at a per-request rate, plus the time spent
 backing off. The defaults are stated assumptions (``cost/data/scaling-*.json``), overridable.
+
+Rung 1's two other forms, where the user asks for them:
+
+- Batch inference (``batch_run``): billed at the model's batch price (50 % of on-demand where
+  Bedrock lists one); a job answers within its 24 h window and returns no stream, so each
+  request's answer (first token and last alike) is taken at its arrival + the window, the worst
+  case the window allows. Batch jobs are not counted against the on-demand TPM/RPM quotas, so
+  nothing is throttled. Job-size quotas (records per job) are not modelled: the trace's requests
+  are taken as gathered into jobs that fit them.
+- Provisioned Throughput (``ProvisionedThroughput``): N model units for the trace's whole span,
+  billed for every started hour. Their capacity, N x the per-unit tokens per minute the user
+  gives (AWS publishes none), is enforced as the on-demand quota is: reserved per request, in
+  whole clock minutes. A request over it is throttled, not queued: Bedrock answers a call beyond
+  a provisioned model's capacity with ``ThrottlingException`` as it does beyond a quota, and the
+  SDK retries it with the same backoff; what is still throttled after every attempt fails. So
+  the same ``simulate_bedrock`` runs both, with the PT's capacity as its TPM and no RPM.
 """
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
 from cost.simulate.fleet import SERVED
 from cost.simulate.scaling import default
+from options.core import BadInput
 
 THROTTLED = 4
 
@@ -105,3 +122,66 @@ def simulate_bedrock(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tok
     first[failed] = np.nan
     finish[failed] = np.nan
     return BedrockRun(first, finish, status, len(throttled_once), events, times)
+
+
+def batch_run(arrival_s: np.ndarray) -> BedrockRun:
+    """Batch inference: every request served, its answer at arrival + the 24 h window (worst case)."""
+    done = arrival_s + default("bedrock", "batch_window_s")
+    return BedrockRun(done.copy(), done, np.full(len(arrival_s), SERVED, dtype=np.int8), 0, 0, [])
+
+
+PT_TERMS = tuple(default("bedrock", "pt_term_hours"))
+
+
+@dataclass(frozen=True)
+class ProvisionedThroughput:
+    """Bedrock Provisioned Throughput as the user prices it: per-unit tokens per minute and USD
+    per unit-hour (both from the user: AWS publishes neither here), the commitment term, and a
+    unit count (None: the simulator finds the least meeting the SLO)."""
+    unit_tpm: float
+    unit_usd_hour: float
+    term: str = "none"
+    units: int | None = None
+
+    def __post_init__(self) -> None:
+        for flag, value, unit in (("--bedrock-pt-unit-tpm", self.unit_tpm, "tokens per minute per model unit"),
+                                  ("--bedrock-pt-unit-usd-hour", self.unit_usd_hour, "USD per model unit-hour")):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise BadInput(f"{flag} {value!r} must be a number > 0 ({unit}, from the Bedrock console or "
+                               "your account team for this model)")
+        if self.term not in PT_TERMS:
+            raise BadInput(f"--bedrock-pt-term {self.term!r}: choose one of {', '.join(PT_TERMS)}")
+        if self.units is not None and not (isinstance(self.units, int) and self.units >= 1):
+            raise BadInput(f"--bedrock-pt-units {self.units!r} must be a whole number >= 1 (model units), "
+                           "or left out for the least that meets the SLO")
+
+    def window_usd(self, units: int, span_s: float) -> float:
+        """Every started hour of the window, each unit at its hourly price."""
+        return units * math.ceil(span_s / 3600 - 1e-9) * self.unit_usd_hour
+
+    def monthly_usd(self, units: int, hours_per_month: float) -> float:
+        """Kept through the month (a provisioned model bills until deleted, not per request)."""
+        return units * hours_per_month * self.unit_usd_hour
+
+    def commitment_usd(self, units: int) -> float | None:
+        """What a committed term bills in all, whatever the traffic (None without a commitment)."""
+        hours = default("bedrock", "pt_term_hours")[self.term]
+        return None if self.term == "none" else units * hours * self.unit_usd_hour
+
+    def units_without_throttling(self, input_tokens: np.ndarray, output_tokens: np.ndarray,
+                                 arrival_s: np.ndarray) -> int:
+        """Units whose capacity holds the trace's busiest clock minute (and its largest request)."""
+        need = input_tokens + np.maximum(1, output_tokens)
+        per_minute = np.bincount((arrival_s // 60).astype(np.int64), weights=need)
+        return max(1, math.ceil(float(per_minute.max()) / self.unit_tpm - 1e-9))
+
+    def run(self, arrival_s, input_tokens, output_tokens, settings: BedrockSettings, units: int,
+            seed: int = 0) -> BedrockRun:
+        on_units = replace(settings, tpm=units * self.unit_tpm, rpm=None)
+        return simulate_bedrock(arrival_s, input_tokens, output_tokens, on_units, seed)
+
+    def to_json(self, units: int) -> dict[str, Any]:
+        return {"kind": "bedrock_provisioned_throughput", "model_units": units, "term": self.term,
+                "unit_tpm": self.unit_tpm, "unit_usd_hour": self.unit_usd_hour, "capacity_tpm": units * self.unit_tpm,
+                "over_capacity": "throttled (ThrottlingException), retried by the SDK with backoff",
+                "units_given": self.units is not None}

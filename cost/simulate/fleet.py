@@ -11,6 +11,7 @@ completions are exact whenever they are computed, since each replica's steps dep
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -21,7 +22,9 @@ from cost.simulate.replica import BatchingReplica
 
 # A request's outcome, in the fleet's status array.
 SERVED, NO_CAPACITY, TIMED_OUT, UNFINISHED = 0, 1, 2, 3
-STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_out", UNFINISHED: "unfinished"}
+INTERRUPTED = 5      # on a spot node EC2 reclaimed (4 is Bedrock's THROTTLED)
+STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_out", UNFINISHED: "unfinished",
+                INTERRUPTED: "interrupted"}
 ROUTINGS = ("random", "least_outstanding")
 
 
@@ -57,6 +60,7 @@ class FleetRun:
     instances: list[Instance]
     timeline: list[tuple[float, int, int]]   # (time, serving, starting) at every change
     decisions: list[dict[str, Any]] = field(default_factory=list)   # the policy's actions
+    interruptions: list[dict[str, Any]] = field(default_factory=list)   # spot notices: node, notice, reclaim
 
     def instance_seconds(self, end_s: float, minimum_s: float = 0.0) -> float:
         """Billed instance-seconds up to ``end_s``: each instance from launch to termination (or
@@ -71,14 +75,19 @@ class FleetRun:
 
 def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
               capacity, policy, *, span_s: float, routing: str = "random", seed: int = 0,
-              timeout_s: float | None = None,
-              on_progress: Callable[[int], None] | None = None) -> FleetRun:
+              timeout_s: float | None = None, interruption_notice: Callable[[int, float], float] | None = None,
+              notice_s: float = 120.0, on_progress: Callable[[int], None] | None = None) -> FleetRun:
     """Serve the arrivals on a fleet that ``policy`` sizes; every request's times and status.
 
     ``policy`` has ``initial`` (instances serving at time 0), ``period_s``, ``start_s`` (launch to
     serving), ``evaluate(FleetState) -> desired count``, and ``accepts_when_empty`` (False where a
     request finding no serving replica fails at once, as with inference components at zero copies;
     True where it waits for the first one to start).
+
+    ``interruption_notice(node, launched_s)`` (spot nodes) gives each node's interruption notice
+    time (inf: none). At the notice the node takes no more requests and a replacement launches;
+    ``notice_s`` later it is reclaimed, and what it still holds fails as INTERRUPTED
+    (``spot.py`` says why they are not re-queued).
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
@@ -103,13 +112,48 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     starting: list[Instance] = []   # launched, ordered by ready time
     rng = np.random.default_rng(seed)
     picks = rng.random(n).tolist()
+    node_of: list[int] = [-1] * n           # the node each request was sent to
+    node_index: dict[int, int] = {}         # id(replica) -> its node's index in instances
+    notices: list[tuple[float, int]] = []   # (notice time, node): a heap
+    reclaimed_at: dict[int, float] = {}     # node -> when EC2 reclaims it
+    interruptions: list[dict[str, Any]] = []
+
+    def add_instance(inst: Instance) -> None:
+        instances.append(inst)
+        starting.append(inst)
+        if interruption_notice is not None:
+            notice = interruption_notice(len(instances) - 1, max(0.0, inst.launched_s))
+            if math.isfinite(notice):
+                heapq.heappush(notices, (notice, len(instances) - 1))
 
     def launch(now: float, count: int) -> None:
         for _ in range(count):
-            inst = Instance(now, now + policy.start_s)
-            instances.append(inst)
-            starting.append(inst)
+            add_instance(Instance(now, now + policy.start_s))
         starting.sort(key=lambda i: i.ready_s)
+
+    def interrupt(notice: float, node: int) -> None:
+        inst = instances[node]
+        if inst.ended_s is not None and inst.ended_s <= notice:
+            return                                   # already gone
+        bring_up(notice)
+        reclaim = notice + notice_s
+        reclaimed_at[node] = reclaim
+        replaced = not inst.draining
+        if inst in starting:                         # not serving yet: it never will
+            starting.remove(inst)
+            inst.ended_s = reclaim
+        elif not inst.draining:                      # drained: no new requests, it finishes what it can
+            inst.draining = True
+            serving.remove(inst.replica)
+            inst.replica.advance_to(math.inf)
+            inst.ended_s = min(reclaim, max(notice, inst.replica.clock))
+        else:                                        # already draining for a scale-in: cut short
+            inst.ended_s = min(inst.ended_s, reclaim)
+        if replaced:
+            launch(notice, 1)
+        interruptions.append({"node": node, "notice_s": round(notice, 3), "reclaimed_s": round(reclaim, 3),
+                              "replaced": replaced})
+        record(notice)
 
     def record(now: float) -> None:
         timeline.append((now, len(serving), len(starting)))
@@ -118,10 +162,12 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
         while starting and starting[0].ready_s <= upto:
             inst = starting.pop(0)
             inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s)
+            node_index[id(inst.replica)] = instances.index(inst)
             serving.append(inst.replica)
             record(inst.ready_s)
             while held:             # requests that waited for a first replica go to it
                 r = held.pop(0)
+                node_of[r] = node_index[id(inst.replica)]
                 inst.replica.advance_to(inst.ready_s)
                 inst.replica.arrive(r, inst.ready_s)
 
@@ -143,9 +189,7 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
         record(now)
 
     for _ in range(policy.initial):
-        inst = Instance(-policy.start_s, 0.0)
-        instances.append(inst)
-        starting.append(inst)
+        add_instance(Instance(-policy.start_s, 0.0))
     bring_up(0.0)
     record(0.0)
 
@@ -176,10 +220,18 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
             remove(now, current - desired)
             decisions.append({"t": round(now, 3), "from": current, "to": desired})
 
+    def events_until(t: float) -> None:
+        """The policy's evaluations and the spot notices up to ``t``, in time order."""
+        nonlocal next_eval
+        while next_eval <= t or (notices and notices[0][0] <= t):
+            if notices and notices[0][0] < next_eval:
+                interrupt(*heapq.heappop(notices))
+            else:
+                evaluate(next_eval)
+                next_eval += period
+
     for i, t in enumerate(arrivals):
-        while next_eval <= t:
-            evaluate(next_eval)
-            next_eval += period
+        events_until(t)
         bring_up(t)
         arrived += 1
         if not serving:
@@ -197,12 +249,11 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
                 r.advance_to(t)
             rep = min(serving, key=lambda r: r.outstanding)
         rep.arrive(i, t)
+        node_of[i] = node_index[id(rep)]
         if on_progress is not None and i % progress_every == 0:
             on_progress(i)
     # After the last arrival: the policy keeps running until the window ends, then everything drains.
-    while next_eval <= span_s:
-        evaluate(next_eval)
-        next_eval += period
+    events_until(span_s)
     bring_up(span_s)
     for rep in serving:
         rep.advance_to(math.inf)
@@ -222,6 +273,10 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     status[done] = SERVED
     if timeout_s is not None:
         status[done & (finish - arrival_s > timeout_s)] = TIMED_OUT
+    for i, node in (enumerate(node_of) if reclaimed_at else ()):
+        if node in reclaimed_at and not finish_list[i] <= reclaimed_at[node]:
+            status[i] = INTERRUPTED          # still queued or running when EC2 took the node back
+            first[i] = finish[i] = math.nan
     if on_progress is not None:
         on_progress(n)
-    return FleetRun(first, finish, status, instances, timeline, decisions)
+    return FleetRun(first, finish, status, instances, timeline, decisions, interruptions)
