@@ -206,6 +206,11 @@ def plot_simulation(path: str | Path, sim, data: dict) -> Path:
         colour = COLOURS.get(level, SAGEMAKER_COLOURS[0])
         label = {1: "Bedrock (per token)", 2: "SageMaker, rungs 2-5", 6: "EKS, rung 6"}.get(level, f"rung {level}")
         bottom.plot(scales, ys, color=colour, lw=2, label=label)
+    option_labels = {"batch": "Bedrock batch (per token)",
+                     "provisioned_throughput": "Bedrock Provisioned Throughput (units x scale)"}
+    for name, ys in sim.option_cost_curves(scales).items():
+        bottom.plot(scales, ys, color=COLOURS[1], lw=1.5, linestyle="--" if name == "batch" else "-.",
+                    label=option_labels[name])
     marked = [(level, k) for level, k in (data.get("break_even_scale") or {}).items()
               if k is not None and level not in ("3", "4", "5")]
     for row, (level, k) in enumerate(marked):

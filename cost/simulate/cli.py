@@ -38,6 +38,7 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     prices and the capacity. With ``add_pricing`` (simulate's own parser) the pricing flags and a
     --capacity | --bench pair are added in between; ``cost recommend`` has its own of both, and of
     --eks-extended-support (``eks_extended_support=False`` leaves it to the caller)."""
+    from cost.simulate.bedrock import PT_TERMS
     from cost.simulate.fleet import ROUTINGS
     from cost.simulate.scaling import SAGEMAKER_METRICS
     from cost.traces import add_trace_arguments
@@ -61,6 +62,20 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     bed.add_argument("--bedrock-rpm", type=float, metavar="N", help="requests-per-minute quota (default: none enforced)")
     bed.add_argument("--bedrock-ttft-ms", type=float, metavar="MS", help="Bedrock's time to first token (default: stated assumption)")
     bed.add_argument("--bedrock-output-tok-s", type=float, metavar="TOK_S", help="Bedrock's output tokens/s per request")
+    bed.add_argument("--bedrock-batch", action="store_true",
+                     help="also price rung 1 as batch inference (the model's batch price, 50 %% of on-demand; "
+                          "answers within 24 h, so only with no --slo-ttft-ms and --slo-e2e-ms >= 86400000 or none)")
+    bed.add_argument("--bedrock-pt-unit-tpm", type=float, metavar="N",
+                     help="also simulate rung 1 on Provisioned Throughput: tokens per minute one model unit serves "
+                          "(not published by AWS: from the console or your account team); needs "
+                          "--bedrock-pt-unit-usd-hour")
+    bed.add_argument("--bedrock-pt-unit-usd-hour", type=float, metavar="USD",
+                     help="Provisioned Throughput: USD per model unit-hour for --bedrock-pt-term")
+    bed.add_argument("--bedrock-pt-term", choices=PT_TERMS, default="none",
+                     help="Provisioned Throughput commitment: none (hourly until deleted, the default), 1month, "
+                          "6month (the term's every hour is billed)")
+    bed.add_argument("--bedrock-pt-units", type=int, metavar="N",
+                     help="Provisioned Throughput model units (default: the least that meets the SLO)")
     fl = s.add_argument_group("self-hosted fleets (rungs 2-6)")
     fl.add_argument("--routing", choices=ROUTINGS, default="random",
                     help="how requests pick a replica (default random: SageMaker's and kube-proxy's default)")
@@ -91,6 +106,16 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
                              "(upscale_delay_s, downscale_delay_s, downscale_to_zero_delay_s, upscaling_factor, "
                              "downscaling_factor, look_back_period_s, metrics_interval_s; default Ray 2.60's), "
                              "repeatable, e.g. --ray-autoscaling upscale_delay_s=10")
+    fl.add_argument("--spot", action="store_true",
+                    help="rung 6's GPU nodes on EC2 Spot: billed per second (60 s minimum) at --spot-discount off "
+                         "on-demand, reclaimed at --spot-interruptions-per-hour after a 2-minute notice (drained, "
+                         "replaced; requests still on the node then fail)")
+    fl.add_argument("--spot-discount", type=float, metavar="FRACTION",
+                    help="with --spot: 1 - spot price / on-demand price, e.g. 0.6 (no default: the price table has "
+                         "on-demand prices only)")
+    fl.add_argument("--spot-interruptions-per-hour", type=float, metavar="RATE",
+                    help="with --spot: interruptions per node-hour (Poisson, seeded by --seed), e.g. 0.0003 for about "
+                         "20 %% of nodes reclaimed a month (no default: AWS publishes only monthly buckets)")
     if eks_extended_support:
         fl.add_argument("--eks-extended-support", action="store_true",
                         help="price the EKS control plane on extended support")
@@ -132,6 +157,53 @@ def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
             raise BadInput(f"--ray-autoscaling {pair!r}: {value!r} is not a number of "
                            f"{'seconds' if key.endswith('_s') else 'times'}, e.g. {key}=10") from None
     return rung6, settings
+
+
+def bedrock_forms(args, levels: tuple[int, ...]):
+    """(--bedrock-batch, the Provisioned Throughput asked for or None): the flags checked together."""
+    from cost.simulate.bedrock import ProvisionedThroughput
+
+    batch = bool(getattr(args, "bedrock_batch", False))
+    unit_tpm, unit_usd = getattr(args, "bedrock_pt_unit_tpm", None), getattr(args, "bedrock_pt_unit_usd_hour", None)
+    term, units = getattr(args, "bedrock_pt_term", "none"), getattr(args, "bedrock_pt_units", None)
+    given = [flag for flag, on in (("--bedrock-batch", batch), ("--bedrock-pt-unit-tpm", unit_tpm is not None),
+                                   ("--bedrock-pt-unit-usd-hour", unit_usd is not None),
+                                   ("--bedrock-pt-term", term != "none"), ("--bedrock-pt-units", units is not None))
+             if on]
+    if given and 1 not in levels:
+        raise BadInput(f"{', '.join(given)} price rung 1 in another form, and --rungs "
+                       f"{','.join(map(str, levels))} leaves rung 1 out: add 1 to --rungs")
+    pt_given = [f for f in given if f.startswith("--bedrock-pt")]
+    if pt_given and (unit_tpm is None or unit_usd is None):
+        missing = [f for f, v in (("--bedrock-pt-unit-tpm", unit_tpm), ("--bedrock-pt-unit-usd-hour", unit_usd))
+                   if v is None]
+        raise BadInput(f"{', '.join(pt_given)} without {' and '.join(missing)}: Provisioned Throughput's "
+                       "tokens per minute and price per model unit are not published for every model, so the "
+                       "simulator takes them from you (the Bedrock console or your account team)")
+    pt = ProvisionedThroughput(unit_tpm, unit_usd, term, units) if pt_given else None
+    return batch, pt
+
+
+def spot_market(args, levels: tuple[int, ...]):
+    """The SpotMarket --spot asks for (None without it): the three flags checked together."""
+    from cost.simulate.spot import SpotMarket
+
+    spot = bool(getattr(args, "spot", False))
+    discount, rate = getattr(args, "spot_discount", None), getattr(args, "spot_interruptions_per_hour", None)
+    if not spot:
+        given = [f for f, v in (("--spot-discount", discount), ("--spot-interruptions-per-hour", rate)) if v is not None]
+        if given:
+            raise BadInput(f"{' and '.join(given)} describe spot nodes: add --spot, or leave them out for on-demand")
+        return None
+    if 6 not in levels:
+        raise BadInput(f"--spot prices rung 6's nodes, and --rungs {','.join(map(str, levels))} leaves rung 6 out: "
+                       "add 6 to --rungs")
+    missing = [f for f, v in (("--spot-discount", discount), ("--spot-interruptions-per-hour", rate)) if v is None]
+    if missing:
+        raise BadInput(f"--spot needs {' and '.join(missing)}: the price table holds on-demand prices only and AWS "
+                       "publishes no interruption rate, so the simulator takes them from you (e.g. --spot-discount "
+                       "0.6 --spot-interruptions-per-hour 0.0003)")
+    return SpotMarket(discount, rate)
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -218,6 +290,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         eks_policy = QueueDepth(args.target_waiting, min_replicas=max(1, args.min_instances or 1),
                                 max_replicas=args.max_instances or 10, **extra)
     rung6, ray_serve = rung6_autoscaling(args)
+    bedrock_batch, bedrock_pt = bedrock_forms(args, levels)
+    spot = spot_market(args, levels)
     if rung6 == "ray-serve":
         extra = {} if args.replica_start_s is None else {"start_s": args.replica_start_s}
         if args.target_ongoing is not None:
@@ -232,7 +306,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
                   routing=args.routing, scale_to_zero=args.scale_to_zero, min_instances=args.min_instances,
                   max_instances=args.max_instances, sagemaker_policy=sagemaker_policy, eks_policy=eks_policy,
                   sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed,
-                  rung6_autoscaler=rung6, ray_serve=ray_serve)
+                  rung6_autoscaler=rung6, ray_serve=ray_serve, bedrock_batch=bedrock_batch, bedrock_pt=bedrock_pt,
+                  spot=spot)
     with _progress(args) as say:
         sim = Simulation(trace, setup, levels, progress=say)
         data = sim.run()
@@ -255,12 +330,24 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         "each replica is a continuous-batching server (FCFS queue, admission bounded by max sequences, the "
         "step's token budget and the KV cache); requests are routed " + args.routing.replace("_", " "),
         "Bedrock's latency is a stated assumption (TTFT + input/prompt rate + output/decode rate), not a measurement",
+        *(["Bedrock batch: the model's batch price on every request (not throttled: batch jobs are outside the "
+           "on-demand quotas); each answer taken at arrival + the 24 h window, the worst case it allows"]
+          if bedrock_batch else []),
+        *([f"Bedrock Provisioned Throughput ({bedrock_pt.term} term): {bedrock_pt.unit_tpm:g} tokens/min and "
+           f"${bedrock_pt.unit_usd_hour:g}/h per model unit as given; every started hour billed, kept up through the "
+           "month; over capacity a request is throttled and retried by the SDK as over a quota; the same latency "
+           "assumption as on-demand"] if bedrock_pt else []),
         ("rung 6 scaled by Ray Serve's autoscaler (--engine rayservice): ongoing requests per replica averaged "
          "over look_back_period_s, upscale/downscale delays, evaluated at each metrics record; a new replica is a "
          "Ray worker pod on a new GPU node (node + image pull + model load)" if rung6 == "ray-serve" else
          "rung 6 scaled by the HPA (KEDA) on vllm:num_requests_waiting with the behaviour rung 6 renders"),
         "break_even_scale prices other scales with the recommended invocations-per-instance target on the trace's "
         "per-minute counts x scale (cost/simulate/rungs.py says why)",
+        *([f"rung 6 on EC2 Spot: ${spot.hourly(instance.ec2_hourly):.4g}/h a node ({spot.discount:.0%} off on-demand, "
+           "--discount not applied: Savings Plans do not cover spot); interruptions a Poisson process at "
+           f"{spot.interruptions_per_hour:g} per node-hour from each node's launch (seed {args.seed}); at the "
+           f"{spot.notice_s:g} s notice the node is drained and replaced, then requests still on it fail; "
+           "break_even_scale prices spot nodes without interruptions"] if spot else []),
         *trace.notes,
     ]
     return data
@@ -399,6 +486,8 @@ def _stats_ms(values_s) -> dict[str, float | None]:
 # --- tables -------------------------------------------------------------------------------------
 
 def _ms(x) -> str:
+    if x is not None and x >= 3_600_000:
+        return f"{x / 3_600_000:,.3g} h"         # batch's 24 h window: hours read better than 86,400,000
     return "—" if x is None else f"{x:,.1f}" if x < 100 else f"{x:,.0f}"
 
 
@@ -410,11 +499,23 @@ def _policy_brief(row: dict[str, Any]) -> str:
     if p["kind"] == "sagemaker_target_tracking":
         metric = "invocations/instance/min" if "Invocations" in p["metric"] else "concurrency/model"
         return f"{metric} {p['target']:g}, {p['min_instances']}-{p['max_instances']}"
+    spot = ", spot" if p.get("spot") else ""
     if p["kind"] == "hpa_keda_queue_depth":
-        return f"waiting/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}"
+        return f"waiting/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}{spot}"
     if p["kind"] == "ray_serve_ongoing_requests":
-        return f"Ray Serve ongoing/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}"
+        return f"Ray Serve ongoing/replica {p['target']:g}, {p['min_replicas']}-{p['max_replicas']}{spot}"
     return p["kind"]
+
+
+OPTION_NAMES = {"on_demand": "on-demand", "batch": "batch", "provisioned_throughput": "Provisioned Throughput"}
+OPTION_LABELS = {"batch": "1 batch", "provisioned_throughput": "1 PT"}      # the table's narrow rung column
+
+
+def _option_brief(o: dict[str, Any]) -> str:
+    p = o["policy"]
+    if o["option"] == "provisioned_throughput":
+        return f"{p['model_units']} unit(s), {p['capacity_tpm']:,.0f} TPM, {p['term']}"
+    return f"{p['window_s'] / 3600:g} h window"
 
 
 def render_simulation(data: dict[str, Any]) -> None:
@@ -442,12 +543,36 @@ def render_simulation(data: dict[str, Any]) -> None:
                       "—" if reps is None else f"{reps['min']}/{reps['mean']:.1f}/{reps['max']}",
                       str(r["cold_starts"]), "—" if r["idle_share"] is None else f"{r['idle_share']:.0%}",
                       _policy_brief(r))
+        for o in r.get("options", []):
+            if o["window_usd"] is None:
+                continue
+            failed = f"{o['failed']:,}" + (f" ({o['throttled']:,} thr.)" if o["throttled"] else "")
+            mark = "[green]✓[/green]" if o["meets_slo"] else "[red]✗[/red]"
+            table.add_row(f"  {OPTION_LABELS[o['option']]}", f"{o['window_usd']:,.2f}", f"{o['monthly_usd']:,.0f}",
+                          failed, f"{mark} {o['slo_attainment']:.1%}",
+                          f"{_ms(o['ttft_ms']['p50'])} / {_ms(o['ttft_ms']['p99'])}",
+                          f"{_ms(o['e2e_ms']['p50'])} / {_ms(o['e2e_ms']['p99'])}", "—", "0", "—", _option_brief(o))
     # Eleven columns need more than the 120 columns a pipe gets by default.
     from rich.console import Console
     (console if console.is_terminal else Console(width=170)).print(table)
     cheapest = data["cheapest_meeting_slo"]
+    form = data.get("cheapest_bedrock_form")
     console.print(f"Cheapest meeting the SLO: {'rung ' + str(cheapest) if cheapest else 'none'}"
-                  " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+                  + (f" as {OPTION_NAMES[form]}" if form else "")
+                  + " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+    for r in data["rungs"]:
+        for o in r.get("options", []):
+            if "excluded" in o:
+                console.print(f"  rung 1 {OPTION_NAMES[o['option']]} left out: {o['excluded']}", highlight=False)
+            if o.get("commitment_usd") is not None:
+                console.print(f"  rung 1 Provisioned Throughput: the {o['policy']['term']} commitment bills "
+                              f"${o['commitment_usd']:,.0f} whatever the traffic", highlight=False)
+    for r in data["rungs"]:
+        if r.get("spot_interruptions"):
+            s, market = r["spot_interruptions"], r["policy"]["spot"]
+            console.print(f"  rung 6 on spot ({market['discount']:.0%} off, {market['interruptions_per_node_hour']:g} "
+                          f"interruptions/node-hour): {s['notices']} notice(s), {s['replacements']} replacement(s), "
+                          f"{s['requests_failed']:,} request(s) failed at reclaim", highlight=False)
     if data.get("rung6_autoscaler") == "ray-serve":
         console.print("rung 6 scaled by Ray Serve's autoscaler (--engine rayservice); its autoscaling_config: "
                       + json.dumps(data.get("ray_serve_autoscaling_config")), highlight=False)

@@ -5,6 +5,12 @@ Rung 1 runs through ``bedrock.py``; rungs 2-5 (SageMaker real-time, one bill, on
 and rung 6 (EKS) through ``fleet.py`` with their policies from ``scaling.py``. Rungs 2-5 share
 one simulation unless benches per level give them different capacities.
 
+Rung 1's other forms (``--bedrock-batch``, Provisioned Throughput) are ``options`` of the level-1
+row: each billed and simulated on the trace, or saying why it is out. ``cheapest_meeting_slo``
+stays a level; where it is 1, ``cheapest_bedrock_form`` says which form (compared per month:
+a Provisioned Throughput stays up, so its month is not its window times the month). Rung 6 on
+spot (``--spot``) replaces its on-demand nodes in the one rung-6 row.
+
 The recommended policy is the least costly candidate that meets the SLO. Candidates are ordered
 from the most economical target to the most cautious; attainment falls as the target rises, so
 a bisection finds the boundary in a few full simulations instead of one per candidate.
@@ -27,9 +33,10 @@ import numpy as np
 
 from cost.prices import HOURS_PER_MONTH
 from cost.simulate import fleet as fleet_mod
-from cost.simulate.bedrock import THROTTLED, BedrockSettings, simulate_bedrock
-from cost.simulate.fleet import NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
+from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThroughput, batch_run, simulate_bedrock
+from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
 from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
+from cost.simulate.spot import SpotMarket
 from options.core import BadInput
 
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
@@ -94,6 +101,9 @@ class Setup:
     sagemaker_start_s: float | None = None
     eks_start_s: float | None = None
     seed: int = 0
+    bedrock_batch: bool = False                          # also simulate rung 1 as batch inference
+    bedrock_pt: ProvisionedThroughput | None = None      # also simulate rung 1 on Provisioned Throughput
+    spot: SpotMarket | None = None   # rung 6's GPU nodes on EC2 Spot instead of on-demand
 
 
 def percentiles_ms(values_s: np.ndarray, qs=(50, 99)) -> dict[str, float | None]:
@@ -165,10 +175,13 @@ class Simulation:
             return self._cache[key]
         cap = self.setup.capacity[level]
         timeout = default("sagemaker", "invocation_timeout_s") if level != EKS_LEVEL else None
+        spot = self.setup.spot if level == EKS_LEVEL else None
         run = run_fleet(self.arrival, self.inputs, self.outputs, cap, policy, span_s=self.span_s,
-                        routing=self.setup.routing, seed=self.setup.seed, timeout_s=timeout)
+                        routing=self.setup.routing, seed=self.setup.seed, timeout_s=timeout,
+                        interruption_notice=spot.notices(self.setup.seed) if spot else None,
+                        notice_s=spot.notice_s if spot else 0.0)
         if level == EKS_LEVEL:
-            hourly = self.setup.instance.hourly("ec2") * (1 - self.setup.discount_pct / 100)
+            hourly = self.eks_node_hourly()
             seconds = run.instance_seconds(self.span_s, default("eks", "ec2_minimum_billed_s"))
             fixed = self.setup.eks_fixed_hourly * self.span_s / 3600
         else:
@@ -187,7 +200,7 @@ class Simulation:
             "throttled": 0,
             "failed": int((~served).sum()),
             "failures": {fleet_mod.STATUS_NAMES[s]: int((run.status == s).sum())
-                         for s in (NO_CAPACITY, TIMED_OUT) if (run.status == s).any()},
+                         for s in (NO_CAPACITY, TIMED_OUT, INTERRUPTED) if (run.status == s).any()},
             "billed_input_tokens": int(self.inputs[served].sum()),
             "billed_output_tokens": int(self.outputs[served].sum()),
             "slo_attainment": round(float(met.mean()), 5),
@@ -197,12 +210,24 @@ class Simulation:
             "cold_starts": sum(1 for i in run.instances if i.launched_s > 0),
             "idle_share": round(max(0.0, 1 - busy / serving_s), 4) if serving_s > 0 else None,
             "instance_hours": round(seconds / 3600, 4),
-            "policy": policy.to_json(),
+            "policy": {**policy.to_json(), **({"spot": spot.to_json()} if spot else {})},
+            **({"spot_interruptions": {"notices": len(run.interruptions),
+                                       "requests_failed": int((run.status == INTERRUPTED).sum()),
+                                       "replacements": sum(1 for i in run.interruptions if i["replaced"])}}
+               if spot else {}),
         }
         self._cache[key] = row
         self.runs[key] = run
         row["_key"] = key
         return row
+
+    def eks_node_hourly(self) -> float:
+        """A rung-6 GPU node's hourly price: EC2 on-demand less --discount, or the spot price
+        (on-demand less the spot discount; Savings Plans and reservations do not cover spot)."""
+        on_demand = self.setup.instance.hourly("ec2")
+        if self.setup.spot is not None:
+            return self.setup.spot.hourly(on_demand)
+        return on_demand * (1 - self.setup.discount_pct / 100)
 
     def search(self, level: int, candidates: list) -> dict[str, Any]:
         """The least costly candidate meeting the SLO (candidates ordered economical → cautious);
@@ -270,32 +295,113 @@ class Simulation:
 
     # --- rung 1 -------------------------------------------------------------------------------
 
-    def bedrock_row(self) -> dict[str, Any]:
-        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed)
-        self.runs[1] = run
+    def bedrock_outcomes(self, run) -> dict[str, Any]:
+        """What a rung-1 run served, throttled and failed, and its latency against the SLO."""
         served = run.status == SERVED
-        p_in, p_out = self.setup.price.per_million(self.setup.tier)
-        billed_in, billed_out = int(self.inputs[served].sum()), int(self.outputs[served].sum())
+        failed = run.status == THROTTLED
         met = self.setup.slo.met(self.arrival, run.first_token_s, run.finish_s, run.status)
         return {
-            "window_usd": (billed_in * p_in + billed_out * p_out) / 1e6,   # exact: no rounding
             "served": int(served.sum()),
             "throttled": int(run.throttled_requests),
-            "failed": int((run.status == THROTTLED).sum()),
-            "failures": {"throttled_after_retries": int((run.status == THROTTLED).sum())}
-            if (run.status == THROTTLED).any() else {},
+            "failed": int(failed.sum()),
+            "failures": {"throttled_after_retries": int(failed.sum())} if failed.any() else {},
             "throttle_events": int(run.throttle_events),
-            "billed_input_tokens": billed_in,
-            "billed_output_tokens": billed_out,
+            "billed_input_tokens": int(self.inputs[served].sum()),
+            "billed_output_tokens": int(self.outputs[served].sum()),
             "slo_attainment": round(float(met.mean()), 5),
             "ttft_ms": percentiles_ms(np.where(served, run.first_token_s - self.arrival, np.nan)),
             "e2e_ms": percentiles_ms(np.where(served, run.finish_s - self.arrival, np.nan)),
+        }
+
+    def bedrock_row(self) -> dict[str, Any]:
+        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed)
+        self.runs[1] = run
+        p_in, p_out = self.setup.price.per_million(self.setup.tier)
+        outcomes = self.bedrock_outcomes(run)
+        return {
+            # exact: no rounding
+            "window_usd": (outcomes["billed_input_tokens"] * p_in + outcomes["billed_output_tokens"] * p_out) / 1e6,
+            **outcomes,
             "replicas": None,
             "cold_starts": 0,
             "idle_share": None,
             "policy": {**self.setup.bedrock.to_json(), "tier": self.setup.tier,
                        "input_per_million": p_in, "output_per_million": p_out},
         }
+
+    def bedrock_options(self) -> list[dict[str, Any]]:
+        """Rung 1's other forms the user asked for (batch, Provisioned Throughput), each priced and
+        simulated on the trace, or saying why it is out."""
+        options = []
+        if self.setup.bedrock_batch:
+            options.append(self.batch_option())
+        if self.setup.bedrock_pt is not None:
+            options.append(self.provisioned_option())
+        return options
+
+    def _option(self, name: str, run, window_usd: float, monthly_usd: float, policy: dict[str, Any],
+                **extra) -> dict[str, Any]:
+        return {"option": name, "window_usd": window_usd, "monthly_usd": round(monthly_usd, 2),
+                **self.bedrock_outcomes(run), **extra, "policy": policy}
+
+    def batch_option(self) -> dict[str, Any]:
+        price = self.setup.price
+        window_s = default("bedrock", "batch_window_s")
+        if price.batch_input_per_million is None or price.batch_output_per_million is None:
+            return {"option": "batch", "window_usd": None, "monthly_usd": None, "meets_slo": False,
+                    "excluded": f"no batch price for {price.model_id} in the price table (as of {price.as_of}): "
+                                "Bedrock lists no batch inference for it"}
+        slo = self.setup.slo
+        why_not = None
+        if slo.ttft_ms is not None:
+            why_not = (f"--slo-ttft-ms {slo.ttft_ms:g}: a batch job streams nothing and answers within "
+                       f"{window_s / 3600:g} h, so no first token comes within a TTFT bound")
+        elif slo.e2e_ms is not None and slo.e2e_ms < window_s * 1000:
+            why_not = (f"--slo-e2e-ms {slo.e2e_ms:g} is shorter than the batch window ({window_s * 1000:,.0f} ms "
+                       f"= {window_s / 3600:g} h): a job may answer at any time within it")
+        run = batch_run(self.arrival)
+        self.runs["batch"] = run
+        p_in, p_out = price.per_million("batch")
+        policy = {"kind": "bedrock_batch", "window_s": window_s, "latency": "arrival + the window (worst case)",
+                  "quota": "not counted against on-demand TPM/RPM", "input_per_million": p_in,
+                  "output_per_million": p_out}
+        bill = (int(self.inputs.sum()) * p_in + int(self.outputs.sum()) * p_out) / 1e6     # all served, exact
+        option = self._option("batch", run, bill, bill * SECONDS_PER_MONTH / self.span_s, policy)
+        if why_not:
+            option.update(slo_attainment=0.0, excluded=why_not)
+        return option
+
+    def provisioned_option(self) -> dict[str, Any]:
+        pt = self.setup.bedrock_pt
+        goal = self.setup.slo.attainment
+        runs: dict[int, Any] = {}
+
+        def attainment(units: int) -> float:
+            if units not in runs:
+                runs[units] = pt.run(self.arrival, self.inputs, self.outputs, self.setup.bedrock, units,
+                                     self.setup.seed)
+            met = self.setup.slo.met(self.arrival, runs[units].first_token_s, runs[units].finish_s,
+                                     runs[units].status)
+            return float(met.mean())
+
+        enough = pt.units_without_throttling(self.inputs, self.outputs, self.arrival)
+        if pt.units is not None:
+            units = pt.units
+        elif attainment(enough) < goal:
+            units = enough     # no throttling left: the latency alone misses the SLO, more units will not help
+        else:
+            low, high = 1, enough              # attainment(high) meets: find the least that does
+            while low < high:
+                mid = (low + high) // 2
+                low, high = (low, mid) if attainment(mid) >= goal else (mid + 1, high)
+            units = high
+        attainment(units)
+        self.runs["provisioned_throughput"] = runs[units]
+        commitment = pt.commitment_usd(units)
+        return self._option("provisioned_throughput", runs[units], pt.window_usd(units, self.span_s),
+                            pt.monthly_usd(units, HOURS_PER_MONTH), pt.to_json(units),
+                            model_units=units, units_without_throttling=enough,
+                            **({"commitment_usd": round(commitment, 2)} if commitment is not None else {}))
 
     # --- the answer -------------------------------------------------------------------------
 
@@ -324,14 +430,19 @@ class Simulation:
             row = {"level": level, **row, "monthly_usd": round(row["window_usd"] * factor, 2),
                    "meets_slo": row["slo_attainment"] >= goal}
             out.append(row)
-        meeting = [r for r in out if r["meets_slo"]]
-        cheapest = min(meeting, key=lambda r: (r["window_usd"], r["level"]))["level"] if meeting else None
+        options = self.bedrock_options() if 1 in rows else []
+        for option in options:
+            option.setdefault("meets_slo", "excluded" not in option and option["slo_attainment"] >= goal)
+        if options:
+            out[0]["options"] = options
+        cheapest, form = self.cheapest(out, options, factor)
         self.rows = {r["level"]: r for r in out}
         return {
             "trace": {**self.trace.summary(), "spec": self.trace.spec, "notes": list(self.trace.notes)},
             "slo": self.setup.slo.to_json(),
             "rungs": out,
             "cheapest_meeting_slo": cheapest,
+            **({"cheapest_bedrock_form": form} if options else {}),
             **({"rung6_autoscaler": self.setup.rung6_autoscaler} if EKS_LEVEL in rows else {}),
             **({"ray_serve_autoscaling_config": rows[EKS_LEVEL]["policy"]["autoscaling_config"]}
                if EKS_LEVEL in rows and "autoscaling_config" in rows[EKS_LEVEL]["policy"] else {}),
@@ -339,6 +450,21 @@ class Simulation:
             "extrapolation": f"monthly_usd = window_usd x {factor:,.1f}: the trace's {self.span_s:,.0f} s "
                              f"repeated through a {HOURS_PER_MONTH}-hour month",
         }
+
+    @staticmethod
+    def cheapest(rows: list[dict[str, Any]], options: list[dict[str, Any]], factor: float):
+        """(the cheapest level meeting the SLO, and when it is rung 1 with options, the form that
+        is: "on_demand", "batch" or "provisioned_throughput"). Compared per month, since a
+        Provisioned Throughput's bill is not its window's times the month (it stays up); for the
+        other rows that is their window's bill times the same factor, so their order is unchanged."""
+        candidates = [(r["window_usd"] * factor, r["level"], "on_demand" if r["level"] == 1 else None)
+                      for r in rows if r["meets_slo"]]
+        per_month = {"batch": lambda o: o["window_usd"] * factor, "provisioned_throughput": lambda o: o["monthly_usd"]}
+        candidates += [(per_month[o["option"]](o), 1, o["option"]) for o in options if o["meets_slo"]]
+        if not candidates:
+            return None, None
+        _, level, form = min(candidates, key=lambda c: (c[0], c[1]))
+        return level, form
 
     # --- break-even against Bedrock ------------------------------------------------------------
 
@@ -360,8 +486,7 @@ class Simulation:
         policy = TargetTracking("invocations", target, min_instances=low, max_instances=10 ** 7, start_s=start)
         seconds = fluid_instance_seconds(counts, policy, self.span_s)
         if level == EKS_LEVEL:
-            hourly = self.setup.instance.hourly("ec2") * (1 - self.setup.discount_pct / 100)
-            return seconds * hourly / 3600 + self.setup.eks_fixed_hourly * self.span_s / 3600
+            return seconds * self.eks_node_hourly() / 3600 + self.setup.eks_fixed_hourly * self.span_s / 3600
         hourly = self.setup.instance.hourly("sagemaker") * (1 - self.setup.discount_pct / 100)
         return seconds * hourly / 3600
 
@@ -395,6 +520,20 @@ class Simulation:
         curves = {1: [self.bedrock_cost_unthrottled() * k * factor for k in scales]} if 1 in self.rows else {}
         for level in [lv for lv in self.rows if lv != 1]:
             curves[level] = [self.fleet_cost_at_scale(level, k) * factor for k in scales]
+        return curves
+
+    def option_cost_curves(self, scales: list[float]) -> dict[str, list[float]]:
+        """Monthly cost of rung 1's priced options at each scale (for the plot): batch is linear in
+        the scale; Provisioned Throughput keeps the units per unit of traffic it met the SLO with,
+        ceil(scale x units), kept up through the month."""
+        curves: dict[str, list[float]] = {}
+        for o in (self.rows.get(1) or {}).get("options", []):
+            if o["option"] == "batch" and o["window_usd"] is not None:
+                curves["batch"] = [o["window_usd"] * k * SECONDS_PER_MONTH / self.span_s for k in scales]
+            elif o["option"] == "provisioned_throughput":
+                pt, units = self.setup.bedrock_pt, o["model_units"]
+                curves["provisioned_throughput"] = [pt.monthly_usd(math.ceil(k * units - 1e-9), HOURS_PER_MONTH)
+                                                    for k in scales]
         return curves
 
 
