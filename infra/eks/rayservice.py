@@ -16,6 +16,11 @@ is its ``@serve.multiplexed(max_num_models_per_replica=...)``; a request names i
 folder the adapters sit in (``dynamic_lora_loading_path``; Ray loads ``<path>/<name>`` on the
 first request for ``<model>:<name>``) and how many one replica keeps
 (``max_num_adapters_per_replica``).
+
+``--ray-proxy haproxy`` (``options.core.ray_proxy``) sets Ray's high-throughput mode in the head
+and worker containers' env: HAProxy (bundled with the image's ray[serve]) answers on the Serve
+port 8000 and forwards to ingress replicas that serve HTTP themselves; the byo application only
+(Ray's LLM image pinned here predates the mode).
 """
 from __future__ import annotations
 
@@ -24,6 +29,7 @@ from typing import Any
 import yaml
 
 from infra.eks.spec import ResolvedSpec, pinned
+from options.core.ray_proxy import ray_proxy_env
 from infra.eks.workload import (ADAPTERS_DIR, adapter_fetch_container, gpu_resources,
                                 gpu_toleration, hf_token_env, server_env, skip_annotations)
 
@@ -112,7 +118,8 @@ def _ray_container(r: ResolvedSpec, name: str, ports: list[tuple[str, int]],
                    resources: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "image": ray_image(r), "imagePullPolicy": "Always",
             "ports": [{"name": n, "containerPort": p, "protocol": "TCP"} for n, p in ports],
-            "env": [hf_token_env()],
+            "env": [hf_token_env()] + [{"name": k, "value": v}
+                                       for k, v in ray_proxy_env(r.ray_proxy).items()],
             "resources": resources,
             "securityContext": {"allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]},

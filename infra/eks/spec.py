@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from options.core import BadInput, is_secret_name
+from options.core.ray_proxy import RAY_PROXIES
 
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
@@ -89,6 +90,7 @@ class EksSpec:
     engine: str = "deployment"
     serve_app: str = "byo"
     ray_ingress_replicas: int = 1          # the byo Serve app's ingress replicas; 0: engine as ingress
+    ray_proxy: str = "serve"               # options.core.ray_proxy: Serve's proxy or HAProxy
     gpu_nodes: str = "karpenter"
     capacity_type: str = "on-demand"
     edge: str = "gateway"
@@ -321,6 +323,14 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
         problems.append(f"--serve-app {spec.serve_app} applies to --engine rayservice only: add "
                         "--engine rayservice, or drop --serve-app")
     problems += _ray_ingress_problems(spec)
+    _check_choice(problems, "--ray-proxy", spec.ray_proxy, RAY_PROXIES)
+    if spec.ray_proxy != "serve" and spec.engine != "rayservice":
+        problems.append(f"--ray-proxy {spec.ray_proxy} sets what fronts Ray Serve's ingress: it "
+                        "needs --engine rayservice; drop it otherwise")
+    elif spec.ray_proxy == "haproxy" and spec.serve_app != "byo":
+        problems.append(f"--ray-proxy haproxy needs Ray 2.56 or later; --serve-app {spec.serve_app}"
+                        f" runs Ray {pinned('ray')} ({pinned('ray_llm_image')}): use --serve-app "
+                        "byo (Ray " + pinned("ray_serve") + "), or drop --ray-proxy")
     _check_choice(problems, "--gpu-nodes", spec.gpu_nodes, GPU_NODE_MODES)
     _check_choice(problems, "--capacity-type", spec.capacity_type, CAPACITY_TYPES)
     _check_choice(problems, "--edge", spec.edge, EDGES)

@@ -285,9 +285,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.level == 6 and args.target == "local" and not args.url:
             from options.bench.ray_hop import bench_ray_hop     # the Ray hop: ray_hop.py
             return bench_ray_hop(args, console)
-        if args.ray_ingress_replicas != 1:
-            raise BadInput(f"--ray-ingress-replicas {args.ray_ingress_replicas}: only the Ray "
-                           "hop (--level 6 --target local) starts a Ray application; leave it out")
+        for flag, given in ((f"--ray-ingress-replicas {args.ray_ingress_replicas}",
+                             args.ray_ingress_replicas != 1),
+                            (f"--ray-proxy {args.ray_proxy}", args.ray_proxy != "serve")):
+            if given:
+                raise BadInput(f"{flag}: only the Ray hop (--level 6 --target local) starts a "
+                               "Ray application; leave it out")
         from options.bench.replay import ReplayPlan     # open-loop trace replay (--replay)
         replay_plan = ReplayPlan.from_args(args)        # None without --replay; bad input before any server
         profile = None if args.profile in ("agent", "capacity") or replay_plan is not None \

@@ -13,6 +13,9 @@ Two contenders, the same tiny model (or ``--model``) and the same engine setting
   ``ingress`` replica relaying each request through a ``DeploymentHandle`` to one ``engine``
   replica holding the same App and engine), in a process of its own (``python -m
   options.bench.ray_hop serve``) so that its process tree is the whole cluster.
+  ``--ray-ingress-replicas 0`` deploys the engine as its own ingress; ``--ray-proxy haproxy``
+  puts Ray's high-throughput mode in front (``options.core.ray_proxy``), as the RayService
+  renders it with the same flag.
 
 One contender at a time: each round starts a contender, measures every concurrency, stops it,
 then does the same for the other; rounds alternate which goes first (plain ray, ray plain,
@@ -61,6 +64,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from options.bench.metrics import spread
 from options.core import BadInput
+from options.core.ray_proxy import RAY_PROXIES
 
 SCHEMA = "spectrum.bench.ray-hop/1"
 CONTENDERS = ("plain", "ray")
@@ -178,11 +182,12 @@ def plain_server(env: dict[str, str]) -> Iterator[Contender]:
 
 
 @contextlib.contextmanager
-def ray_server(model: str, settings: dict[str, str], ingress_replicas: int = 1
-               ) -> Iterator[Contender]:
+def ray_server(model: str, settings: dict[str, str], ingress_replicas: int = 1,
+               proxy: str = "serve") -> Iterator[Contender]:
     """The Ray application in a process of its own (``python -m options.bench.ray_hop serve``):
     its own process group, stopped with SIGINT (``ray.shutdown()`` runs), then anything of its
-    tree still there is killed by pid."""
+    tree still there is killed by pid. ``proxy`` (``options.core.ray_proxy``) answers on its
+    URL."""
     import psutil
 
     from options.local_server import free_port, log_path, own_process_group
@@ -191,7 +196,7 @@ def ray_server(model: str, settings: dict[str, str], ingress_replicas: int = 1
     log = Path(log_path("ray-hop-ray"))
     cmd = [sys.executable, "-m", "options.bench.ray_hop", "serve", "--port", str(port),
            "--model", model, "--settings", json.dumps(settings),
-           "--ingress-replicas", str(ingress_replicas)]
+           "--ingress-replicas", str(ingress_replicas), "--proxy", proxy]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                 stderr=subprocess.STDOUT, **own_process_group())
@@ -251,12 +256,14 @@ def _stop_ray(proc: subprocess.Popen, tree) -> None:
 def serve_main(argv: Sequence[str]) -> int:
     """``python -m options.bench.ray_hop serve --port P --model M --settings JSON``: a local
     Ray (options.eks.ray_local) running the application with these settings until SIGINT or
-    SIGTERM; one engine replica and ``--ingress-replicas`` (1) ingress replicas."""
+    SIGTERM; one engine replica, ``--ingress-replicas`` (1) ingress replicas and ``--proxy``
+    (``options.core.ray_proxy``) in front of them."""
     p = argparse.ArgumentParser(prog="python -m options.bench.ray_hop serve")
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--model", required=True)
     p.add_argument("--settings", default="{}")
     p.add_argument("--ingress-replicas", type=int, default=1)
+    p.add_argument("--proxy", choices=RAY_PROXIES, default="serve")
     args = p.parse_args(argv)
 
     def stop(*_):
@@ -267,7 +274,7 @@ def serve_main(argv: Sequence[str]) -> int:
     settings = json.loads(args.settings)
     try:
         with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
-                       http_port=args.port) as cluster:
+                       http_port=args.port, proxy=args.proxy) as cluster:
             run_app(local_app_args(args.model, tuple(settings.items()),
                                    ingress_replicas=args.ingress_replicas))
             print(f"ready on {cluster.url}", flush=True)
@@ -322,6 +329,10 @@ def add_arguments(parser) -> None:
     g.add_argument("--ray-ingress-replicas", type=int, default=1, metavar="N",
                    help="the Ray application's ingress replicas (1); 0: the engine deployment "
                         "takes HTTP from Serve's proxy itself, one hop less")
+    g.add_argument("--ray-proxy", choices=RAY_PROXIES, default="serve",
+                   help="what fronts the Ray application's ingress replicas: serve (default) "
+                        "Serve's HTTP proxy; haproxy: Ray's high-throughput mode (HAProxy on "
+                        "the Serve port, the replicas serving HTTP themselves)")
 
 
 def check_args(args) -> None:
@@ -371,7 +382,8 @@ def bench_ray_hop(args, console) -> int:
         env = {**env, "VLLM_CPU_KVCACHE_SPACE": settings["VLLM_CPU_KVCACHE_SPACE"]}
         start: dict[str, Callable[[], Any]] = {
             "plain": lambda: plain_server(env),
-            "ray": lambda: ray_server(model, settings, args.ray_ingress_replicas)}
+            "ray": lambda: ray_server(model, settings, args.ray_ingress_replicas,
+                                      args.ray_proxy)}
         for n, order in enumerate(round_order(args.rounds), start=1):
             for name in order:
                 say(f"round {n}/{args.rounds}: starting {name} ...")
@@ -398,7 +410,8 @@ def bench_ray_hop(args, console) -> int:
                         "requests": args.requests, "prompt_tokens": args.prompt_tokens,
                         "output_tokens": args.output_tokens, "ignore_eos": True,
                         "seed": args.seed, "cpus": os.cpu_count(),
-                        "ray_ingress_replicas": args.ray_ingress_replicas},
+                        "ray_ingress_replicas": args.ray_ingress_replicas,
+                        "ray_proxy": args.ray_proxy},
            "goal": GOAL, **compare(runs), "runs": runs}
     if args.json:
         report.write_json(doc, args.json)

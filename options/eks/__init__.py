@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from options.core import BadInput, rung
+from options.core.ray_proxy import RAY_PROXIES
 from options.plan import Deployment, Plan, Step
 
 LEVEL = 6
@@ -87,6 +88,11 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="--engine rayservice: replicas of the byo application's ingress deployment "
                         "(default 1); 0: the engine deployment takes HTTP from Serve's proxy itself, "
                         "one hop less (no --adapter)")
+    g.add_argument("--ray-proxy", choices=RAY_PROXIES,
+                   help="--engine rayservice: what fronts the application's ingress replicas: serve "
+                        "(default) Serve's HTTP proxy; haproxy: Ray's high-throughput mode "
+                        "(RAY_SERVE_THROUGHPUT_OPTIMIZED and RAY_SERVE_ENABLE_HA_PROXY in the Ray "
+                        "pods' env: HAProxy on the Serve port, replicas serving HTTP themselves)")
     g.add_argument("--gpu-nodes", choices=("karpenter", "nodegroup"),
                    help="karpenter (default): NodePool + EC2NodeClass; nodegroup: a GPU managed node group")
     g.add_argument("--capacity-type", choices=("on-demand", "spot"),
@@ -169,6 +175,7 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "namespace": args.namespace, "region": region, "cluster_name": args.cluster_name,
         "engine": args.engine, "serve_app": args.serve_app, "gpu_nodes": args.gpu_nodes, "capacity_type": args.capacity_type,
         "ray_ingress_replicas": getattr(args, "ray_ingress_replicas", None),
+        "ray_proxy": getattr(args, "ray_proxy", None),
         "edge": args.edge, "options": _options(args.option),
         "adapters": tuple(parse_adapter(a) for a in _as_list(getattr(args, "adapter", None))),
         "max_loras": args.max_loras, "max_lora_rank": args.max_lora_rank,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import time
@@ -31,16 +32,25 @@ class LocalRay:
     url: str                 # Serve's HTTP proxy
     temp_dir: str
     started_s: float         # ray.init + serve.start
+    proxy: str = "serve"     # options.core.ray_proxy: what answers on url
 
 
 @contextlib.contextmanager
-def local_ray(num_cpus: int | None = None, http_port: int | None = None) -> Iterator[LocalRay]:
-    """A Ray cluster of this process (head only) with Serve started, for the block."""
+def local_ray(num_cpus: int | None = None, http_port: int | None = None,
+              proxy: str = "serve") -> Iterator[LocalRay]:
+    """A Ray cluster of this process (head only) with Serve started, for the block, ``proxy``
+    (``options.core.ray_proxy``) in front of the ingress replicas: its environment is set
+    before ``ray.init`` (Ray's processes read it as they start) and put back after."""
     import ray
     from ray import serve
 
+    from options.core.ray_proxy import ray_proxy_env
+
+    env = ray_proxy_env(proxy, local=True)
     temp_dir = tempfile.mkdtemp(prefix="spectrum-ray-")
     started = time.monotonic()
+    saved_env = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
     # address="local": always a new cluster, never one RAY_ADDRESS points at.
     ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, _temp_dir=temp_dir,
              namespace="spectrum", logging_level=logging.WARNING, log_to_driver=LOG_TO_DRIVER)
@@ -48,13 +58,18 @@ def local_ray(num_cpus: int | None = None, http_port: int | None = None) -> Iter
         port = http_port or free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port},
                     logging_config={"log_level": "WARNING"})
-        yield LocalRay(f"http://127.0.0.1:{port}", temp_dir, time.monotonic() - started)
+        yield LocalRay(f"http://127.0.0.1:{port}", temp_dir, time.monotonic() - started, proxy)
     finally:
         try:
             serve.shutdown()
         finally:
             ray.shutdown()
             shutil.rmtree(temp_dir, ignore_errors=True)
+            for name, value in saved_env.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
 
 
 def run_app(args: dict[str, Any], name: str = APP_NAME):
@@ -101,7 +116,8 @@ def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Names
     announce_model(source, say)
     try:
         with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
-                       http_port=args.port) as cluster:
+                       http_port=args.port, proxy=getattr(args, "ray_proxy", None) or "serve"
+                       ) as cluster:
             summary["ray_start_s"] = round(cluster.started_s, 1)
             say(f"Ray started in {cluster.started_s:.1f} s (temp dir {cluster.temp_dir}); "
                 "deploying the application (the engine loads in its replica) ...")

@@ -107,7 +107,8 @@ def test_bad_input_exits_2_before_anything_starts(extra, capsys):
     assert main(["--level", "6", "--target", "local", "--no-progress", *extra]) == 2
 
 
-def test_the_ray_layout_flag_is_refused_where_no_ray_application_starts(capsys):
-    assert main(["--level", "5", "--url", "http://127.0.0.1:9", "--no-progress",
-                 "--ray-ingress-replicas", "0"]) == 2
-    assert "--ray-ingress-replicas 0: only the Ray hop" in capsys.readouterr().out
+@pytest.mark.parametrize("flag, said", [(["--ray-ingress-replicas", "0"], "--ray-ingress-replicas 0"),
+                                        (["--ray-proxy", "haproxy"], "--ray-proxy haproxy")])
+def test_the_ray_layout_flags_are_refused_where_no_ray_application_starts(flag, said, capsys):
+    assert main(["--level", "5", "--url", "http://127.0.0.1:9", "--no-progress", *flag]) == 2
+    assert f"{said}: only the Ray hop" in capsys.readouterr().out

@@ -289,6 +289,26 @@ def test_the_engine_as_its_own_ingress_renders_and_passes_rays_schema_and_the_bu
         "serveConfigV2"])["applications"][0]["args"]      # the builder's default: one
 
 
+def test_haproxy_in_front_of_ray_serve_is_the_ray_pods_env_and_still_validates():
+    rendered = render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway", "karpenter",
+                               ray_proxy="haproxy", ray_ingress_replicas=0))
+    cluster = docs_by_kind(rendered)["RayService"]["spec"]["rayClusterConfig"]
+    pods = [cluster["headGroupSpec"]] + cluster["workerGroupSpecs"]
+    for pod in pods:
+        env = {e["name"]: e.get("value") for e in pod["template"]["spec"]["containers"][0]["env"]}
+        assert env["RAY_SERVE_THROUGHPUT_OPTIMIZED"] == "1"
+        assert env["RAY_SERVE_ENABLE_HA_PROXY"] == "1"
+        # the local-only shortcut (no drain before a replica stops) never ships
+        assert "RAY_SERVE_DIRECT_INGRESS_MIN_DRAINING_PERIOD_S" not in env
+    docs = [(m.file, m.doc) for m in rendered.manifests]
+    assert v.check_ray_serve_configs(docs).status == v.PASSED
+    default = docs_by_kind(render(spec_for("g5.12xlarge", 4, 2, "rayservice", "gateway",
+                                           "karpenter")))["RayService"]
+    head_env = default["spec"]["rayClusterConfig"]["headGroupSpec"]["template"]["spec"][
+        "containers"][0]["env"]
+    assert not any(e["name"].startswith("RAY_SERVE_") for e in head_env)
+
+
 def test_eksctl_schema_catches_a_misspelt_field(base):
     config = copy.deepcopy(base.cluster_config)
     config["managedNodeGroups"][0]["instanceTyp"] = config["managedNodeGroups"][0].pop("instanceType")

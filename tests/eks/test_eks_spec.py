@@ -90,6 +90,19 @@ def test_ray_llm_needs_no_image_and_says_an_image_is_unused(prices):
     assert any("--image is not used by --engine rayservice" in w for w in r.warnings)
 
 
+def test_ray_proxy_is_checked_against_the_engine_and_the_rays_release(prices):
+    assert resolve(EksSpec(engine="rayservice", image=IMAGE, ray_proxy="haproxy"),
+                   prices).ray_proxy == "haproxy"
+    with pytest.raises(BadInput, match="--ray-proxy haproxy sets what fronts Ray Serve's "
+                                       "ingress: it needs --engine rayservice"):
+        resolve(EksSpec(image=IMAGE, ray_proxy="haproxy"), prices)
+    with pytest.raises(BadInput, match=r"--ray-proxy haproxy needs Ray 2.56 or later; "
+                                       r"--serve-app ray-llm runs Ray 2.50.1"):
+        resolve(EksSpec(engine="rayservice", serve_app="ray-llm", ray_proxy="haproxy"), prices)
+    with pytest.raises(BadInput, match="--ray-proxy 'nginx' is not one of serve, haproxy"):
+        resolve(EksSpec(engine="rayservice", image=IMAGE, ray_proxy="nginx"), prices)
+
+
 def test_ray_ingress_replicas_size_the_byo_application_only(prices):
     assert resolve(EksSpec(engine="rayservice", image=IMAGE, ray_ingress_replicas=0),
                    prices).ray_ingress_replicas == 0
