@@ -26,8 +26,16 @@ Two ways to get a model:
   relative errors over every measured point, each point predicted by running the same step
   semantics over the measured request pattern (``wave_terms``): serial requests (TTFT is the
   prefill), bursts of c requests sent at once (their prefill shares the token budget, then c
-  sequences decode together: the median request's time per output token), and long prompts
-  arriving while others decode (TTFT of a prefill inside a decode batch).
+  sequences decode together: the median request's time per output token), long prompts
+  arriving while others decode (TTFT of a prefill inside a decode batch), and, where the profile
+  was given a trace (``--replay TRACE``), the server saturated with that trace's request mix
+  (the time per output token of the whole server with ``running_seqs`` sequences in the batch:
+  each step decodes them all, prefills ``running_seqs × input / output`` prompt tokens to
+  replace those finishing, and holds ``running_seqs × (input + output / 2)`` KV tokens). That
+  point is the one measurement of capacity itself, where a step model fitted to small bursts
+  extrapolates: near capacity, 10-20 % too much of it turned a measured queue of seconds into a
+  predicted one of milliseconds. So its relative error weighs as much as every other point's
+  together (``SATURATION_WEIGHT``).
 - ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
   when no capacity bench exists (see ``GPU_DEFAULTS``).
 """
@@ -312,13 +320,24 @@ def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
         # It arrives at a random moment of a running step: on average half a step before its own.
         waiting = [0.5, 0.5 * point["background_seqs"], 0.5 * point["background_kv_tokens"], 0.0, 0.0]
         return [a + b for a, b in zip(ttft[0], waiting)]
-    raise BadInput(f"capacity_profile point kind {kind!r} is not prefill, decode or mixed")
+    if kind == "saturation":            # the whole server's time per output token, batch full
+        b, i, o = point["running_seqs"], point["input_tokens"], point["output_tokens"]
+        return [1.0 / b, 1.0, i + o / 2, i / o, 0.0]
+    raise BadInput(f"capacity_profile point kind {kind!r} is not one of {', '.join(KINDS)}")
 
 
-MEASURED = {"prefill": "ttft_s", "decode": "step_s", "mixed": "ttft_s"}
+MEASURED = {"prefill": "ttft_s", "decode": "step_s", "mixed": "ttft_s", "saturation": "token_s"}
 NEEDS = {"prefill": ("prompt_tokens", "ttft_s"),
          "decode": ("requests", "prompt_tokens", "output_tokens", "step_s"),
-         "mixed": ("background_seqs", "background_kv_tokens", "prompt_tokens", "ttft_s")}
+         "mixed": ("background_seqs", "background_kv_tokens", "prompt_tokens", "ttft_s"),
+         "saturation": ("running_seqs", "input_tokens", "output_tokens", "token_s")}
+KINDS = tuple(MEASURED)
+
+
+def saturation_weight(points: int) -> float:
+    """The saturation point's weight in the fit (on its relative error): its square is the
+    number of the other points, so it counts as much as all of them together."""
+    return math.sqrt(max(1, points))
 
 
 def fit_capacity(profile: dict, origin: str) -> CapacityModel:
@@ -346,13 +365,16 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
     for n, point in enumerate(points):
         kind = point.get("kind")
         if kind not in NEEDS:
-            raise BadInput(f"{where}.points[{n}] has kind {kind!r}: expected prefill, decode or mixed")
+            raise BadInput(f"{where}.points[{n}] has kind {kind!r}: expected one of {', '.join(KINDS)}")
         for key in NEEDS[kind]:
             value = point.get(key)
             if not _is_number(value) or not math.isfinite(value) or value < 0:
                 raise BadInput(f"{where}.points[{n}] ({kind}) has no number {key!r} (got {value!r})")
         if not point[MEASURED[kind]] > 0:
             raise BadInput(f"{where}.points[{n}] ({kind}): {MEASURED[kind]} must be > 0")
+        if kind == "saturation" and not (point["running_seqs"] >= 1 and point["output_tokens"] >= 1):
+            raise BadInput(f"{where}.points[{n}] (saturation) needs running_seqs >= 1 and "
+                           "output_tokens >= 1")
         if kind == "decode" and not (point["requests"] >= 1 and point["output_tokens"] >= 2):
             raise BadInput(f"{where}.points[{n}] (decode) needs requests >= 1 and output_tokens >= 2 "
                            f"(a time per output token after the first)")
@@ -362,7 +384,9 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
                        f"{', '.join(sorted(kinds)) or 'none'})")
     rows = np.array([point_terms(p, limits) for p in points], dtype=float)
     measured = np.array([p[MEASURED[p["kind"]]] for p in points], dtype=float)
-    coef = _nonnegative_least_squares(rows / measured[:, None], np.ones(len(points)))
+    weights = np.array([saturation_weight(len(points) - 1) if p["kind"] == "saturation" else 1.0
+                        for p in points])
+    coef = _nonnegative_least_squares(rows / measured[:, None] * weights[:, None], weights)
     values = {name: float(v) for name, v in zip(COEFFICIENTS, coef)}
     if values["step_base_s"] + values["step_per_seq_s"] <= 0:
         raise BadInput(f"{where}: the points give no positive step time (measured: {measured.tolist()})")
@@ -374,7 +398,9 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
     worst = {kind: max(abs(p["residual"]) for p in fitted if p["kind"] == kind) for kind in sorted(kinds)}
     check = {kind: {"tolerance": tol, "worst": worst[kind], "ok": worst[kind] <= tol}
              for kind, tol in TOLERANCE.items() if kind in worst}
-    fit = {"method": "non-negative least squares on relative errors",
+    fit = {"method": "non-negative least squares on relative errors"
+                     + (", the saturation point weighted as all the others together"
+                        if "saturation" in kinds else ""),
            "points": fitted, "worst_residual": worst,
            "rms_residual": float(np.sqrt(np.mean((predicted / measured - 1) ** 2))),
            "check": check, "within_tolerance": all(c["ok"] for c in check.values())}

@@ -77,7 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
                       help="requests: independent requests (default); agent: closed-loop programs of "
                            "--steps serial calls whose prompts grow by each previous answer; capacity: "
                            "engine step times (prefill, decode by batch and KV) fitted to the "
-                           "simulator's capacity model")
+                           "simulator's capacity model; with --replay TRACE, also the server "
+                           "saturated with that trace's request mix")
     from options.bench.adapters import add_arguments as add_adapter_arguments
     from options.bench.program import add_arguments as add_program_arguments
     add_program_arguments(p)
@@ -292,12 +293,17 @@ def main(argv: list[str] | None = None) -> int:
                 raise BadInput(f"{flag}: only the Ray hop (--level 6 --target local) starts a "
                                "Ray application; leave it out")
         from options.bench.replay import ReplayPlan     # open-loop trace replay (--replay)
-        replay_plan = ReplayPlan.from_args(args)        # None without --replay; bad input before any server
+        # None without --replay; bad input before any server. A capacity profile takes --replay's
+        # trace as the mix it saturates the server with (options/bench/capacity.py).
+        replay_plan = None if args.profile == "capacity" else ReplayPlan.from_args(args)
         profile = None if args.profile in ("agent", "capacity") or replay_plan is not None \
             else profile_from_args(args)
+        saturation_mix = None
         if args.profile == "capacity":
             from options.bench.capacity import check_args
-            check_args(args, replay_plan)               # bad input before any server starts
+            from options.bench.capacity import saturation_mix as read_mix
+            check_args(args)                            # bad input before any server starts
+            saturation_mix = read_mix(args)
         plan_adapters = None
         if args.adapters:
             from options.bench.adapters import AdapterPlan
@@ -314,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
                 return bench_replay(args, replay_plan, template, send, details, console)
             if args.profile == "capacity":   # engine step times → the simulator's model: capacity.py
                 from options.bench.capacity import bench_capacity
-                return bench_capacity(args, template, send, details, console)
+                return bench_capacity(args, template, send, details, console, saturation_mix)
             if args.profile == "agent":      # programs of serial steps: options/bench/program.py
                 from options.bench.program import bench_programs
                 return bench_programs(args, template, send, details, console)

@@ -16,7 +16,16 @@ spell of a noisy machine lands on several points a little instead of on one a lo
 - long context: the same with prompts of ~0.6 × ``max_model_len`` at c in 1, 4, 16, so the KV
   cache's share of a step is told apart from the sequences';
 - then mixed: prompts of about half ``max_model_len`` sent one at a time while 8 others decode a
-  long answer: the cost of a prefill inside a decode batch.
+  long answer: the cost of a prefill inside a decode batch;
+- last, with ``--replay TRACE`` (and the trace's ``--window``, ``--max-input``, ``--max-output``
+  as a replay would take them): saturation with that trace's request mix. ``max_num_seqs`` ×
+  ``SATURATION_IN_FLIGHT`` requests in flight, closed loop, sizes in the trace's order, each one
+  answered is replaced at once, so the batch stays full and prompts keep arriving as answers
+  finish. After ``SATURATION_WARMUP_S`` the server's own counters (``/metrics``:
+  ``vllm:generation_tokens_total``, and ``vllm:num_requests_running`` sampled every 0.5 s) are
+  read across ``SATURATION_WINDOW_S``: output tokens a second, and the batch that made them.
+  What the replay at a --load of this profile will meet near capacity, measured instead of
+  extrapolated from bursts of short prompts.
 
 The server's limits come from ``--max-num-seqs``, ``--max-num-batched-tokens`` and
 ``--kv-cache-tokens`` where given, else from what the server says (``GET /v1/models``:
@@ -71,6 +80,12 @@ PROMPT_SAFETY = 0.9
 # stream of the tiny model's byte-level tokens gives ~0.75: a token that is part of a character
 # comes with the next one.)
 CLUMPED_BELOW = 0.4
+# The saturation point: requests in flight per max_num_seqs (more than the batch holds, so a
+# finished answer's slot is taken at once), and how long it runs before and while it is read.
+SATURATION_IN_FLIGHT = 1.25
+SATURATION_WARMUP_S = 6.0
+SATURATION_WINDOW_S = 12.0
+SATURATION_SAMPLE_S = 0.5
 # Planning when the server does not say its max_model_len (a SageMaker endpoint, a plain URL).
 ASSUMED_MAX_MODEL_LEN = 2048
 # vLLM 0.32's limits when none are set (engine/arg_utils.py, OpenAI API server): on CPU, the
@@ -98,7 +113,7 @@ def add_arguments(parser) -> None:
                    help="the server's KV cache in tokens (default: from its /metrics)")
 
 
-def check_args(args, replay_plan=None) -> None:
+def check_args(args) -> None:
     """Bad input for --profile capacity, found before any server starts."""
     from options.core import BEDROCK, rung
 
@@ -107,15 +122,41 @@ def check_args(args, replay_plan=None) -> None:
                        "(ignore_eos), which Bedrock has no switch for: measure a self-hosted rung")
     if args.adapters:
         raise BadInput("--profile capacity measures the base model: leave out --adapters")
-    if replay_plan is not None:
-        raise BadInput("--profile capacity sends its own requests: leave out --replay (or run the "
-                       "replay separately, with --capacity FILE of this profile)")
+    for flag, value in (("--time-scale", args.time_scale), ("--load", args.load),
+                        ("--capacity", args.capacity)):
+        if value is not None:
+            raise BadInput(f"{flag} paces a replay; --profile capacity saturates the server (with "
+                           "--replay TRACE: that trace's request mix): leave it out")
     if args.rounds < 1:
         raise BadInput(f"--rounds {args.rounds} must be at least 1")
     for flag in ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens"):
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise BadInput(f"--{flag.replace('_', '-')} {value} must be at least 1")
+
+
+def saturation_mix(args) -> list[tuple[int, int]] | None:
+    """The (input, output) sizes of the saturation point's requests: the ``--replay`` trace's,
+    cut and clipped as its replay would send them (``cost.traces.sent_sizes``); None without
+    --replay (after refusing the trace's flags given without it)."""
+    from cost.traces import sent_sizes, trace_from_args
+
+    if not args.replay:
+        trace_from_args(args)                # refuses --window, --scale, ... without --replay
+        for flag, value in (("--max-input", args.max_input), ("--max-output", args.max_output)):
+            if value is not None:
+                raise BadInput(f"{flag} clips a trace's sizes: add --replay TRACE (the mix the "
+                               "profile saturates the server with), or leave it out")
+        return None
+    for flag, value in (("--max-input", args.max_input), ("--max-output", args.max_output)):
+        if value is not None and value < 1:
+            raise BadInput(f"{flag} {value} must be a whole number >= 1")
+    trace = trace_from_args(args)
+    if len(trace) == 0:
+        raise BadInput(f"--replay {args.replay}: no requests for the saturation point"
+                       + (f" in --window {args.trace_window}" if args.trace_window else ""))
+    sizes = sent_sizes(trace, args.max_input, args.max_output)
+    return list(zip(sizes.input_tokens.tolist(), sizes.output_tokens.tolist()))
 
 
 # --- the server's limits ---------------------------------------------------------------------
@@ -307,6 +348,7 @@ class Collected:
     decode_runs: dict[tuple[int, int], list[runner.Run]] = field(default_factory=dict)
     mixed: list[dict[str, float]] = field(default_factory=list)
     mixed_background: list[RequestRecord] = field(default_factory=list)
+    saturation: dict[str, Any] | None = None
     started_at: str | None = None
 
 
@@ -381,6 +423,81 @@ def _measure_mixed(plan: CapacityPlan, m: Measurer, got: Collected, probes: int)
     return probes
 
 
+def _metric_sum(url: str, name: str) -> float | None:
+    """The sum over label sets of a metric on the server's /metrics page (None: none there)."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
+            page = r.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    values = [v for n, _labels, v in prometheus_samples(page) if n == name]
+    return sum(values) if values else None
+
+
+def measure_saturation(m: Measurer, url: str | None, mix: list[tuple[int, int]], max_num_seqs: int,
+                       warmup_s: float = SATURATION_WARMUP_S, window_s: float = SATURATION_WINDOW_S
+                       ) -> tuple[dict[str, Any] | None, str | None]:
+    """The saturation point (see the module docstring), or None and why."""
+    if not url:
+        return None, "saturation: the target has no URL whose /metrics could be read: left out"
+    generated = "vllm:generation_tokens_total"
+    if _metric_sum(url, generated) is None:
+        return None, f"saturation: the server's /metrics has no {generated}: left out"
+    in_flight = math.ceil(max_num_seqs * SATURATION_IN_FLIGHT)
+    stop = threading.Event()
+    answered: list[tuple[int, int]] = []      # (input tokens asked for, the server's count)
+    failed: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def worker(k: int) -> None:
+        rng = random.Random(m.seed * 100_003 + 70_000 + k)
+        words = m.tokens or PromptTokens()
+        while not stop.is_set():
+            i_tok, o_tok = mix[k % len(mix)]
+            req = replace(m.template, prompt=make_prompt(rng, words.words_for(i_tok), 2_000_000 + k),
+                          messages=None, max_tokens=o_tok, stream=True)
+            rec = runner.measure(m.send, req)
+            m.on_request(rec)
+            with lock:
+                if rec.ok:
+                    answered.append((i_tok, rec.input_tokens or i_tok))
+                else:
+                    failed[rec.error or "failed"] = failed.get(rec.error or "failed", 0) + 1
+            k += in_flight
+
+    threads = [threading.Thread(target=worker, args=(k,), daemon=True) for k in range(in_flight)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(warmup_s)
+        t0, g0 = time.monotonic(), _metric_sum(url, generated)
+        running: list[float] = []
+        while time.monotonic() - t0 < window_s:
+            time.sleep(SATURATION_SAMPLE_S)
+            value = _metric_sum(url, "vllm:num_requests_running")
+            if value is not None:
+                running.append(value)
+        t1, g1 = time.monotonic(), _metric_sum(url, generated)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(timeout=300)
+    if g0 is None or g1 is None or g1 <= g0 or not running:
+        return None, ("saturation: no output tokens counted in the window"
+                      + (f" (failures: {', '.join(f'{k}: {v}' for k, v in failed.items())})" if failed else ""))
+    # The mix's mean sizes, the prompt's as the server counts it (prompts are built from a
+    # words-to-tokens calibration: a few % off what was asked for). Outputs are exact (ignore_eos).
+    counted = sum(c for _, c in answered) / sum(i for i, _ in answered) if answered else 1.0
+    mean_in = statistics.mean(i for i, _ in mix) * counted
+    mean_out = statistics.mean(o for _, o in mix)
+    tok_s = (g1 - g0) / (t1 - t0)
+    return {"kind": "saturation", "running_seqs": statistics.mean(running),
+            "input_tokens": mean_in, "output_tokens": mean_out, "token_s": 1.0 / tok_s,
+            "output_tokens_per_second": tok_s, "in_flight": in_flight, "window_s": t1 - t0,
+            "running_seqs_min": min(running), "running_seqs_max": max(running),
+            "requests_answered": len(answered), "requests_failed": sum(failed.values())}, None
+
+
 def _decode_step_estimate(got: Collected, concurrency: int) -> float:
     """The measured time per output token at the decode point nearest ``concurrency``."""
     if not got.decode:
@@ -442,8 +559,10 @@ def capacity_profile(plan: CapacityPlan, got: Collected, limits: ServerLimits, r
                        "background_step_s": _median(b.tpot_s for b in bgs), "samples": len(got.mixed)})
     elif plan.mixed_background:
         notes.append("mixed: no prompt arrived while the whole background was decoding")
-    order = {"prefill": 0, "decode": 1, "mixed": 2}
-    points.sort(key=lambda p: (order[p["kind"]], p["prompt_tokens"] if p["kind"] != "decode"
+    if got.saturation is not None:
+        points.append(got.saturation)
+    order = {"prefill": 0, "decode": 1, "mixed": 2, "saturation": 3}
+    points.sort(key=lambda p: (order[p["kind"]], p.get("prompt_tokens", 0) if p["kind"] != "decode"
                                else (round(p["prompt_tokens"], -2), p["requests"])))
     profile = {"schema": "spectrum.capacity_profile/1", "limits": dict(limits.values),
                "limit_sources": dict(limits.sources), "rounds": rounds, "points": points,
@@ -464,7 +583,7 @@ def _errors(records) -> str:
 
 # --- the command -----------------------------------------------------------------------------
 
-def bench_capacity(args, template, send, details, console) -> int:
+def bench_capacity(args, template, send, details, console, mix: list[tuple[int, int]] | None = None) -> int:
     """``python -m options.bench --profile capacity``: measure, fit, write JSON, print tables."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -490,9 +609,16 @@ def bench_capacity(args, template, send, details, console) -> int:
             total = max(bar.tasks[0].total or 0, counted[0])
             bar.update(task, completed=counted[0], total=total)
 
-        got = measure(plan, Measurer(send, template, tokens, args.seed, on_request), args.rounds,
-                      lambda phase: bar.update(task, phase=phase))
+        measurer = Measurer(send, template, tokens, args.seed, on_request)
+        got = measure(plan, measurer, args.rounds, lambda phase: bar.update(task, phase=phase))
+        saturation_note = None
+        if mix:
+            bar.update(task, phase=f"saturation: the trace's mix, {len(mix):,} request sizes")
+            got.saturation, saturation_note = measure_saturation(
+                measurer, details.get("url"), mix, limits["max_num_seqs"])
     profile, notes = capacity_profile(plan, got, limits, args.rounds)
+    if saturation_note:
+        notes.append(saturation_note)
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
     kinds = {p["kind"] for p in profile["points"]}
@@ -558,6 +684,10 @@ def render_tables(model, profile: dict[str, Any]):
             label, kv = f"prefill {p['prompt_tokens']:,.0f} tok", p["prompt_tokens"]
         elif p["kind"] == "decode":
             label, kv = f"decode c={p['requests']}, prompt {p['prompt_tokens']:,.0f}", p.get("kv_tokens", 0)
+        elif p["kind"] == "saturation":
+            label = (f"saturation: {p['running_seqs']:.0f} running, the trace's mix "
+                     f"({p['input_tokens']:,.0f} in / {p['output_tokens']:,.0f} out)")
+            kv = p["running_seqs"] * (p["input_tokens"] + p["output_tokens"] / 2)
         else:
             label = f"mixed {p['prompt_tokens']:,.0f} tok + {p['background_seqs']} decoding"
             kv = p["background_kv_tokens"] + p["prompt_tokens"]
@@ -588,4 +718,9 @@ def render_tables(model, profile: dict[str, Any]):
                      f"(worst {c['worst']:.1%})")
     if "mixed" in fit["worst_residual"]:
         lines.append(f"mixed point (prefill inside a decode batch): {fit['worst_residual']['mixed']:.1%} off")
+    if "saturation" in fit["worst_residual"]:
+        sat = next(p for p in fit["points"] if p["kind"] == "saturation")
+        lines.append(f"saturation with the trace's mix: {sat['output_tokens_per_second']:,.0f} output tok/s "
+                     f"measured, {model.saturated_output_tok_s(sat['input_tokens'], sat['output_tokens']):,.0f} "
+                     f"the fitted model's ({fit['worst_residual']['saturation']:+.1%} per token)")
     return Group(points, bursts, coefficients, *lines)

@@ -80,6 +80,10 @@ def test_a_started_servers_limits_are_read_as_the_server_reads_them(monkeypatch)
     (["--level", "1"], "Bedrock has no switch"),
     (["--rounds", "0"], "--rounds 0 must be at least 1"),
     (["--max-num-seqs", "0"], "--max-num-seqs 0 must be at least 1"),
+    (["--replay", "x.csv", "--load", "0.5"], "--load paces a replay; --profile capacity saturates"),
+    (["--max-input", "512"], "--max-input clips a trace's sizes: add --replay TRACE"),
+    (["--window", "0:60"], "--window"),
+    (["--replay", "/nonexistent/trace.csv"], "/nonexistent/trace.csv"),
 ])
 def test_bad_input_is_exit_2_before_any_server_starts(extra, message):
     done = _cli("--profile", "capacity", *extra)

@@ -3,10 +3,12 @@
 One bring-your-own server (vLLM on CPU, tiny model); for each of three offered loads (about
 50 %, 90 % and 130 % of capacity) a capacity profile of it, then a 3-minute slice of the Azure
 conversation trace replayed open-loop at that load, re-predicted by ``cost simulate
---predict-replay`` from that profile. A profile right before each replay: this machine's speed
-moves between minutes, and a prediction is judged against a measurement of the same spell. Every figure is written to
-``$SPECTRUM_VALIDATION_OUT`` (default: the test's temporary folder) as JSON, the README's
-table comes from it.
+--predict-replay`` from that profile. Each profile ends by saturating the server with the
+replay's own request mix (``--replay`` on the profile: the same window and clipping), the fit's
+measure of capacity itself. A profile right before each replay: this machine's speed moves
+between minutes, and a prediction is judged against a measurement of the same spell. Every
+figure is written to ``$SPECTRUM_VALIDATION_OUT`` (default: the test's temporary folder) as
+JSON, the README's table comes from it.
 
 What is asserted is what the model must get right on a machine whose speed moves 2-3× between
 minutes (FACTS §4): at half the profile's capacity, p50 TTFT and E2E within a factor of 2 of the
@@ -54,13 +56,14 @@ def validation(tiny_model, tmp_path_factory):
         for load in LOADS:
             bench = folder / f"capacity-{load}.json"
             _run("options.bench", "--no-progress", "--profile", "capacity", "--url", server.url, "--level", "5",
-                 "--json", str(bench))
+                 "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP, "--json", str(bench))
             replay = folder / f"replay-{load}.json"
             _run("options.bench", "--no-progress", "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP,
                  "--load", load, "--capacity", str(bench), "--url", server.url, "--level", "5", "--json", str(replay))
             predicted = _run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench), "--json")
             results[load] = {"prediction": json.loads(predicted.stdout),
-                             "replay": json.loads(replay.read_text())["replay"]}
+                             "replay": json.loads(replay.read_text())["replay"],
+                             "capacity": json.loads(bench.read_text())}
     (folder / "validation.json").write_text(json.dumps(
         {load: {**r["prediction"], "replay_summary": r["replay"]["summary"]} for load, r in results.items()}, indent=2))
     for load, r in results.items():
@@ -77,6 +80,21 @@ def test_every_replay_was_sent_on_time_and_answered(validation):
         assert summary["lost"] == 0, load
         assert summary["failed"] == 0, load
         assert r["prediction"]["requests"] == summary["completed"], load
+
+
+def test_each_profile_saturated_the_server_with_the_traces_mix_and_fits_it(validation):
+    for load, r in validation.items():
+        fit = r["capacity"]["capacity_model"]["fit"]
+        (sat,) = [p for p in fit["points"] if p["kind"] == "saturation"]
+        seqs = r["capacity"]["capacity_profile"]["limits"]["max_num_seqs"]
+        assert sat["running_seqs"] >= 0.9 * seqs, (load, sat)            # the batch was full
+        assert sat["requests_failed"] == 0 and sat["requests_answered"] > 0, (load, sat)
+        # the mix is the replay's: the same window and clipping, so the same mean sizes (the
+        # prompts' as the server counted them, built from a words-to-tokens calibration)
+        sent = r["replay"]["requests"]
+        assert sat["output_tokens"] == pytest.approx(sum(q["output_tokens"] for q in sent) / len(sent))
+        assert sat["input_tokens"] == pytest.approx(sum(q["input_tokens"] for q in sent) / len(sent), rel=0.03)
+        assert abs(sat["residual"]) < 0.05, (load, sat)                   # the fit reproduces it
 
 
 def test_at_half_capacity_the_prediction_is_within_a_factor_of_two_at_p50(validation):

@@ -121,6 +121,43 @@ def test_coefficients_are_kept_non_negative():
     assert fitted.step_per_kv_token_s == 0
 
 
+def saturation_point(truth: CapacityModel, slower: float = 1.0) -> dict:
+    """The server saturated with a mix of 450-token prompts and 104-token answers, 128 running:
+    its time per output token as ``truth`` gives it, times ``slower``."""
+    point = {"kind": "saturation", "running_seqs": 128, "input_tokens": 450.0, "output_tokens": 104.0}
+    exact = sum(t * c for t, c in zip(point_terms(point, LIMITS), truth.coefficients()))
+    return {**point, "token_s": exact * slower, "output_tokens_per_second": 1 / (exact * slower)}
+
+
+def test_the_saturation_point_is_the_batch_full_with_the_mix_and_agrees_with_the_model():
+    truth = model()
+    point = saturation_point(truth)
+    # One step: 128 sequences, 128 x (450 + 52) KV tokens, 128 x 450 / 104 prompt tokens.
+    step = truth.step_s(128, 128 * (450 + 52), 128 * 450 / 104)
+    assert point["token_s"] == pytest.approx(step / 128)
+    assert 1 / point["token_s"] == pytest.approx(truth.saturated_output_tok_s(450, 104))
+    fitted = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + [point]}, "s")
+    for name in COEFFICIENTS:
+        assert getattr(fitted, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert "saturation point weighted" in fitted.fit["method"]
+
+
+def test_a_slower_saturation_pulls_the_fitted_capacity_to_it():
+    # Bursts of short prompts say one capacity; the server saturated with the trace's mix
+    # measured 25 % less. The fit follows the measurement of capacity itself.
+    truth = model()
+    plain = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth)}, "p")
+    point = saturation_point(truth, slower=1.25)
+    pulled = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + [point]}, "s")
+    measured = point["output_tokens_per_second"]
+    assert plain.saturated_output_tok_s(450, 104) == pytest.approx(1.25 * measured, rel=1e-6)
+    assert pulled.saturated_output_tok_s(450, 104) == pytest.approx(measured, rel=0.08)
+    assert abs(pulled.fit["worst_residual"]["saturation"]) < 0.08
+    bad = {**point, "running_seqs": 0}
+    with pytest.raises(BadInput, match=r"\(saturation\) needs running_seqs >= 1"):
+        fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + [bad]}, "x")
+
+
 def test_a_profile_without_prefill_or_decode_points_is_bad_input():
     decode_only = [p for p in synthetic_points(model()) if p["kind"] == "decode"]
     with pytest.raises(BadInput, match="needs prefill and decode points"):
