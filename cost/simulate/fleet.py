@@ -28,9 +28,11 @@ STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_
 ROUTINGS = ("random", "least_outstanding")
 
 
-@dataclass
+@dataclass(eq=False)
 class Instance:
-    """One instance's life: billed from launch to termination, serving once started."""
+    """One instance's life: billed from launch to termination, serving once started. Compared by
+    identity: instances launched together have equal fields, and the fleet's lists must find
+    (``in``, ``remove``, ``index``) the one meant, not its twin."""
     launched_s: float
     ready_s: float
     replica: BatchingReplica | None = None

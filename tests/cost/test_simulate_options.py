@@ -156,6 +156,19 @@ def test_a_spot_notice_drains_the_node_replaces_it_and_fails_what_it_holds_at_re
     assert run.instance_seconds(400.0, 60.0) == pytest.approx(220.0 + 300.0)
 
 
+def test_frequent_notices_on_an_autoscaled_fleet_reach_the_nodes_they_name(capsys):
+    """Nodes the HPA launches together have equal fields; each notice must drain the node it
+    names, not a twin (a twin's removal once lost a node from the fleet's lists mid-run)."""
+    trace = [a if a != "0:600" else "0:1800" for a in BASE]
+    code, out, err = cli(capsys, *trace, "--rungs", "6", "--target-waiting", "2", "--max-instances", "4",
+                         "--spot", "--spot-discount", "0.6", "--spot-interruptions-per-hour", "20")
+    assert code == 0, err
+    row = json.loads(out)["rungs"][0]
+    assert row["spot_interruptions"]["notices"] >= 10
+    assert row["spot_interruptions"]["replacements"] >= 1
+    assert row["served"] + row["failed"] == json.loads(out)["trace"]["requests"]
+
+
 # --- refusals ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("args, message", [
