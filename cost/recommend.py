@@ -193,6 +193,12 @@ def _slo_text(slo: dict[str, Any]) -> str:
 
 def policy_text(level: int, policy: dict[str, Any]) -> str:
     """The autoscaling setting in a sentence."""
+    if policy.get("kind") == "bedrock_batch":
+        return (f"batch inference: jobs answered within {policy['window_s'] / 3600:g} h, outside the on-demand "
+                "quotas (you pay the batch price per token)")
+    if policy.get("kind") == "bedrock_provisioned_throughput":
+        return (f"Provisioned Throughput: {policy['model_units']} model unit(s), {policy['capacity_tpm']:,.0f} "
+                f"tokens/minute, term {policy['term']} (billed every hour it exists)")
     if level == 1:
         return (f"on-demand quota of {policy['tpm']:,.0f} tokens/minute" if policy.get("tpm") else "no quota") \
             + " (Bedrock scales itself; you pay per token)"
@@ -213,6 +219,19 @@ def deploy_command(level: int, policy: dict[str, Any], instance, model_id: str) 
     (--plan: the requests, nothing sent) and what to add or know. ``command`` is None where no
     deploy flag can express the policy."""
     notes: list[str] = []
+    if policy.get("kind") == "bedrock_batch":
+        return {"level": 1, "argv": None, "command": None, "plan_command": None,
+                "notes": ["Bedrock batch inference has no options.deploy form: write the requests as JSONL to "
+                          "S3 and submit a job (aws bedrock create-model-invocation-job --model-id "
+                          f"{model_id} --input-data-config ... --output-data-config ...)"]}
+    if policy.get("kind") == "bedrock_provisioned_throughput":
+        term = {"none": "", "1month": " --commitment-duration OneMonth",
+                "6month": " --commitment-duration SixMonths"}[policy["term"]]
+        return {"level": 1, "argv": None, "command": None, "plan_command": None,
+                "notes": [f"Provisioned Throughput has no options.deploy form: aws bedrock "
+                          f"create-provisioned-model-throughput --model-id {model_id} --model-units "
+                          f"{policy['model_units']}{term} --provisioned-model-name NAME, then invoke with "
+                          "its ARN as the model id; it bills every hour until deleted"]}
     if level == 1:
         argv = ["--model", model_id, "--invoke", "Hello"]
         notes.append("Bedrock creates nothing: the command sends one request; the simulated limit is the "
@@ -295,6 +314,8 @@ def recommend_from_simulation(req: Requirements, sim: dict[str, Any], min_saving
     goal = slo["attainment"]
     within = _slo_text(slo)
     rows = {r["level"]: r for r in sim["rungs"]}
+    if 1 in rows:
+        rows[1] = bedrock_form(rows[1], goal)
     why = req.reasons() or ["no requirement given forces you past Bedrock: every simulated rung is a candidate"]
     allowed = {lv: r for lv, r in rows.items() if lv >= floor}
     if not allowed:
@@ -328,8 +349,12 @@ def recommend_from_simulation(req: Requirements, sim: dict[str, Any], min_saving
                     "rung 3 (your model on LMI) costs the same")
     flip += requirement_flips(req)
     policy = row["policy"]
+    if level == 1 and "form" in row:
+        why.append(f"as Bedrock {row['form'].replace('_', ' ')}: the cheapest of rung 1's simulated forms that "
+                   "meets the SLO")
     out = {
         "level": level, "rung": RUNGS[level - 1].name, "tree_level": floor, "why": why, "flip": flip,
+        **({"bedrock_form": row.get("form", "on_demand")} if level == 1 else {}),
         "min_savings_pct": min_savings_pct,
         "instance": None if level == 1 else instance.name if level == EKS_LEVEL else instance.sagemaker_name,
         "policy": policy,
@@ -340,6 +365,22 @@ def recommend_from_simulation(req: Requirements, sim: dict[str, Any], min_saving
         "simulation": sim,
     }
     return out
+
+
+def bedrock_form(row: dict[str, Any], goal: float) -> dict[str, Any]:
+    """Rung 1 as the cheapest of its simulated forms that meets the SLO (on-demand, and batch or
+    Provisioned Throughput where simulate was asked for them), compared per month as simulate's
+    ``cheapest_bedrock_form`` is; on-demand when none of them meets it."""
+    forms = [o for o in row.get("options", []) if o.get("meets_slo") and o.get("monthly_usd") is not None]
+    if row["meets_slo"]:
+        forms.append(row)
+    if not forms:
+        return row
+    best = min(forms, key=lambda r: r["monthly_usd"])
+    if best is row:
+        return row
+    return {**row, **{k: v for k, v in best.items() if k != "option"}, "level": 1, "replicas": None,
+            "meets_slo": best["slo_attainment"] >= goal, "form": best["option"]}
 
 
 def _simulation_flips(level: int, allowed: dict[int, dict], rows: dict[int, dict], sim: dict[str, Any],
@@ -353,7 +394,7 @@ def _simulation_flips(level: int, allowed: dict[int, dict], rows: dict[int, dict
                          f"{r['slo_attainment']:.1%} of requests: with a looser SLO (or --slo-attainment) it "
                          f"would be a candidate")
     bedrock = allowed.get(1)
-    if bedrock is not None and level != 1 and bedrock["throttled"]:
+    if bedrock is not None and level != 1 and bedrock["throttled"] and "form" not in bedrock:
         tpm = bedrock["policy"].get("tpm")
         flips.append(f"Bedrock throttled {bedrock['throttled']:,} of {sim['trace']['requests']:,} requests"
                      + (f" at {tpm:,.0f} tokens/minute" if tpm else "")

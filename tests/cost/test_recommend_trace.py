@@ -142,6 +142,27 @@ def test_without_a_savings_threshold_the_answer_is_the_cheapest_rung_meeting_the
     assert data["level"] == min(r["level"] for r in meeting if r["monthly_usd"] == cheapest)
 
 
+def test_rung_1_is_answered_in_its_cheapest_form_that_meets_the_slo(capsys):
+    pt = ["--bedrock-pt-unit-tpm", "100000", "--bedrock-pt-unit-usd-hour", "20"]
+    # A TTFT SLO the default on-demand quota misses and batch cannot meet: Provisioned Throughput.
+    data = recommend_json(capsys, "--rungs", "1", "--window", "0:600", "--slo-ttft-ms", "2000",
+                          "--bedrock-batch", *pt)
+    options = {o["option"]: o for o in data["simulation"]["rungs"][0]["options"]}
+    assert "excluded" in options["batch"] and options["provisioned_throughput"]["meets_slo"]
+    assert data["level"] == 1 and data["bedrock_form"] == "provisioned_throughput" and data["meets_slo"]
+    units = options["provisioned_throughput"]["model_units"]
+    assert data["policy"]["model_units"] == units
+    assert data["monthly_usd"] == options["provisioned_throughput"]["monthly_usd"]
+    assert data["deploy"]["command"] is None
+    assert f"--model-units {units}" in data["deploy"]["notes"][0]
+    # No latency bound: batch serves everything at half the on-demand price, and is the answer.
+    data = recommend_json(capsys, "--rungs", "1", "--window", "0:600", "--bedrock-batch")
+    on_demand = data["simulation"]["rungs"][0]
+    assert data["bedrock_form"] == "batch" and data["policy"]["kind"] == "bedrock_batch"
+    assert data["monthly_usd"] < on_demand["monthly_usd"]
+    assert "create-model-invocation-job" in data["deploy"]["notes"][0]
+
+
 def test_without_a_trace_recommend_answers_as_before(capsys):
     code, out, err = run(capsys, "recommend", "--own-account", "--json")
     assert code == 0, err
