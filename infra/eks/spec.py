@@ -41,7 +41,7 @@ LOCAL_GATEWAY_IMAGE = "spectrum-gateway:0.1.0"
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 # An adapter's name: what clients send as "model" (the byo server's own rule, and no ':', which
 # Ray Serve LLM uses between the base model and the adapter).
-_ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 # s3://bucket/prefix with a bucket name S3 accepts and a prefix of safe characters.
 _S3_PREFIX = re.compile(r"^s3://(?P<bucket>[a-z0-9][a-z0-9.-]{1,61}[a-z0-9])/(?P<prefix>[A-Za-z0-9!_.*'()/=+-]+?)/?$")
 
@@ -455,7 +455,7 @@ def _check_adapters(problems: list[str], spec: EksSpec) -> None:
     """Adapter names and sources, and the LoRA sizes they need."""
     seen: set[str] = set()
     for name, uri in spec.adapters:
-        if not _ADAPTER_NAME.match(name):
+        if not ADAPTER_NAME.match(name):
             problems.append(f"--adapter {name}={uri}: the name {name!r} is what clients send as "
                             "'model': letters, digits, '.', '_' and '-', starting with a letter or "
                             "digit, at most 128 characters")

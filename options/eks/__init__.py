@@ -36,8 +36,27 @@ class Level6Spec:
     eks: Any                      # infra.eks.spec.EksSpec
     out_dir: str
     notes: tuple[str, ...] = ()   # things the CLI filled in for the user
-    # --engine rayservice --target local: (model source, options) served on a local Ray.
+    # --engine rayservice --target local: (model source, options, LocalAdapters or None) served
+    # on a local Ray.
     ray_here: Any = None
+
+
+@dataclass(frozen=True)
+class LocalAdapters:
+    """--adapter NAME=FOLDER on a local Ray: peft folders on this machine, and the LoRA sizes the
+    rendered RayService would give them (the same defaults as infra.eks.spec's)."""
+    folders: tuple[tuple[str, Path], ...]
+    max_loras: int
+    max_lora_rank: int
+    max_cpu_loras: int
+
+    def settings(self, adapters_dir: str) -> dict[str, str]:
+        """The server settings that turn LoRA on with these sizes and register ``adapters_dir``'s
+        folders (one per adapter, named as it)."""
+        return {"SM_VLLM_ENABLE_LORA": "true", "SM_VLLM_MAX_LORAS": str(self.max_loras),
+                "SM_VLLM_MAX_LORA_RANK": str(self.max_lora_rank),
+                "SM_VLLM_MAX_CPU_LORAS": str(self.max_cpu_loras),
+                "SPECTRUM_SERVER_ADAPTERS_DIR": adapters_dir}
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -103,7 +122,8 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="a LoRA adapter (peft files) to serve on the base model, repeatable; "
                         "clients send NAME as the model. The pods fetch it at start (an init "
                         "container with the pod's identity), e.g. "
-                        "--adapter support=s3://my-bucket/adapters/support")
+                        "--adapter support=s3://my-bucket/adapters/support; on a local Ray "
+                        "(--engine rayservice --target local) NAME=FOLDER, a folder here")
     g.add_argument("--max-loras", type=int, metavar="N",
                    help="adapters in one batch per replica (default: the adapter count, at most 4)")
     g.add_argument("--max-lora-rank", type=int, metavar="R",
@@ -280,8 +300,57 @@ def _ray_here(args: argparse.Namespace) -> Level6Spec:
         if not key.startswith(("SM_VLLM_", "OPTION_", "SPECTRUM_SERVER_", "VLLM_")):
             raise BadInput(f"--option {key} is not server configuration: use SM_VLLM_*, "
                            "OPTION_*, SPECTRUM_SERVER_* or VLLM_* names")
+    adapters = _local_adapters(args)
+    if adapters and getattr(args, "ray_ingress_replicas", None) == 0:
+        raise BadInput("--ray-ingress-replicas 0 with --adapter: the ingress is what names each "
+                       "request's adapter for Serve's multiplexing; keep an ingress (1 or more), or "
+                       "drop --adapter")
     return Level6Spec(None, "", ray_here=(model_source(args.model, cloud=False),
-                                          _options(args.option)))
+                                          _options(args.option), adapters))
+
+
+def _local_adapters(args: argparse.Namespace) -> LocalAdapters | None:
+    """--adapter NAME=FOLDER for a local Ray (a cluster's pods fetch NAME=s3://... instead); the
+    sizes as the rendered RayService would set them."""
+    from infra.eks.spec import ADAPTER_NAME, LORA_RANKS
+
+    values = _as_list(getattr(args, "adapter", None))
+    if not values:
+        for flag in ("max_loras", "max_cpu_loras"):
+            if getattr(args, flag, None) is not None:
+                raise BadInput(f"--{flag.replace('_', '-')} needs at least one --adapter NAME=FOLDER "
+                               "(without adapters LoRA stays off)")
+        return None
+    folders: list[tuple[str, Path]] = []
+    for value in values:
+        name, sep, where = (part.strip() for part in value.partition("="))
+        if not sep or not name or not where:
+            raise BadInput(f"--adapter {value!r} must look like NAME=FOLDER here (a folder of peft "
+                           "files: adapter_config.json and adapter_model.safetensors)")
+        if where.startswith("s3://"):
+            raise BadInput(f"--adapter {value!r}: a local Ray reads adapters from this machine, not "
+                           f"S3 (a cluster's pods fetch s3:// ones): download it first and give "
+                           f"--adapter {name}=./{name}")
+        if not ADAPTER_NAME.match(name):
+            raise BadInput(f"--adapter {value!r}: the name {name!r} is what clients send as 'model': "
+                           "letters, digits, '.', '_' and '-', starting with a letter or digit")
+        if name in (n for n, _ in folders):
+            raise BadInput(f"--adapter {name} is given twice: each adapter needs its own name")
+        folder = Path(where).expanduser()
+        if not (folder / "adapter_config.json").is_file():
+            raise BadInput(f"--adapter {value!r}: {str(folder)!r} holds no adapter_config.json; give "
+                           "the folder of a peft adapter (adapter_config.json and "
+                           "adapter_model.safetensors)")
+        folders.append((name, folder.resolve()))
+    rank = getattr(args, "max_lora_rank", None) or 16
+    if rank not in LORA_RANKS:
+        raise BadInput(f"--max-lora-rank {rank!r} must be one of {', '.join(map(str, LORA_RANKS))}")
+    max_loras = getattr(args, "max_loras", None) or min(len(folders), 4)
+    max_cpu_loras = getattr(args, "max_cpu_loras", None) or max(len(folders), max_loras)
+    if max_cpu_loras < max_loras:
+        raise BadInput(f"--max-cpu-loras {max_cpu_loras} is below --max-loras {max_loras}: every "
+                       f"adapter in a batch is also cached in host memory; raise it to {max_loras}")
+    return LocalAdapters(tuple(folders), max_loras, rank, max_cpu_loras)
 
 
 # ----------------------------------------------------------------------------------- plan

@@ -95,11 +95,27 @@ def local_app_args(model: str, options: tuple[tuple[str, str], ...],
     return {"model": model, "settings": settings, **sizing, "engine_num_cpus": LOCAL_ENGINE_CPUS}
 
 
-def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Namespace) -> int:
-    """Start a local Ray, run the application, send the sample request, serve until Ctrl-C
-    (or stop after the sample with --once)."""
-    import os
+@contextlib.contextmanager
+def adapters_folder(adapters) -> Iterator[str | None]:
+    """``adapters`` (options.eks.LocalAdapters, or None) copied into one fresh folder, each as
+    its name, the layout the server registers (a cluster's init container fills /adapters the
+    same way); removed after the block."""
+    if adapters is None:
+        yield None
+        return
+    folder = tempfile.mkdtemp(prefix="spectrum-adapters-")
+    try:
+        for name, source in adapters.folders:
+            shutil.copytree(source, os.path.join(folder, name))
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
+
+def run_local(source, options: tuple[tuple[str, str], ...], adapters, args: argparse.Namespace) -> int:
+    """Start a local Ray, run the application (with ``adapters``, options.eks.LocalAdapters,
+    where --adapter gave any), send the sample request, serve until Ctrl-C (or stop after the
+    sample with --once)."""
     from options.local_target import announce_model, send_sample, wait_for_ctrl_c
     from options.output import Console
 
@@ -114,14 +130,21 @@ def run_local(source, options: tuple[tuple[str, str], ...], args: argparse.Names
     say("Level 6 — EKS with --engine rayservice, on this machine: the byo server as a Ray Serve "
         "application (ingress + engine deployments) on a local Ray")
     announce_model(source, say)
+    if adapters is not None:
+        say("adapters: " + ", ".join(f"{name} ({folder})" for name, folder in adapters.folders)
+            + f"; {adapters.max_cpu_loras} per engine replica (Serve's multiplexing)")
+        summary["adapters"] = [name for name, _ in adapters.folders]
     try:
-        with local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
+        with adapters_folder(adapters) as folder, local_ray(num_cpus=max(int(LOCAL_ENGINE_CPUS), os.cpu_count() or 1),
                        http_port=args.port, proxy=getattr(args, "ray_proxy", None) or "serve"
                        ) as cluster:
             summary["ray_start_s"] = round(cluster.started_s, 1)
             say(f"Ray started in {cluster.started_s:.1f} s (temp dir {cluster.temp_dir}); "
                 "deploying the application (the engine loads in its replica) ...")
             started = time.monotonic()
+            if folder is not None:
+                app_args["settings"].update(adapters.settings(folder))
+                app_args["max_adapters_per_replica"] = adapters.max_cpu_loras
             run_app(app_args)
             summary["ready_s"] = round(time.monotonic() - started, 1)
             summary["url"] = cluster.url

@@ -1,10 +1,11 @@
-"""``--ray-proxy haproxy`` on a Ray of its own, as a user runs it: ``python -m options.deploy
---level 6 --engine rayservice --target local --ray-proxy haproxy`` serving until Ctrl-C. HAProxy
-(bundled with ray[serve]) answers on the Serve port, the ingress replica serves HTTP itself and
-reaches the engine replica over gRPC; every route and dialect still answers, streams included,
-and Ctrl-C leaves nothing of the cluster behind. (The test run's shared Ray runs Serve's own
-proxy: Ray reads the proxy's settings when its processes start, so this mode needs a Ray of
-its own.)"""
+"""``--ray-proxy haproxy`` and a local ``--adapter`` on a Ray of its own, as a user runs them:
+``python -m options.deploy --level 6 --engine rayservice --target local --ray-proxy haproxy
+--adapter a1=FOLDER`` serving until Ctrl-C. HAProxy (bundled with ray[serve]) answers on the
+Serve port, the ingress replica serves HTTP itself and reaches the engine replica over gRPC;
+every route and dialect still answers, streams included, the adapter from the local folder
+answers by name, and Ctrl-C leaves nothing of the cluster behind. (The test run's shared Ray
+runs Serve's own proxy: Ray reads the proxy's settings when its processes start, so this mode
+needs a Ray of its own.)"""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +19,7 @@ import time
 import psutil
 import pytest
 import requests
+from test_byo_adapters_guards import write_peft_adapter   # on sys.path via this folder's conftest
 
 pytestmark = [pytest.mark.engine, pytest.mark.e2e]
 
@@ -30,11 +32,13 @@ def haproxy_app(tiny_model, tmp_path_factory):
     from options.local_server import free_port, own_process_group
 
     port = free_port()
-    log = tmp_path_factory.mktemp("ray-haproxy") / "deploy.log"
+    folder = tmp_path_factory.mktemp("ray-haproxy")
+    log = folder / "deploy.log"
+    write_peft_adapter(folder / "adapter-a1", seed=11)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     cmd = [sys.executable, "-m", "options.deploy", "--level", "6", "--engine", "rayservice",
            "--target", "local", "--model", str(tiny_model), "--port", str(port),
-           "--ray-proxy", "haproxy"]
+           "--ray-proxy", "haproxy", "--adapter", f"a1={folder / 'adapter-a1'}"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                 env=env, **own_process_group())
@@ -56,6 +60,7 @@ def haproxy_app(tiny_model, tmp_path_factory):
                 proc.wait(120)
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()                          # reaped: no zombie left in this process's tree
         for p in tree:                       # by pid: what left the group
             with contextlib.suppress(psutil.Error):
                 p.kill()
@@ -93,6 +98,21 @@ def test_every_route_answers_streams_included(haproxy_app, tiny_model):
                         data=json.dumps({"prompt": "Hi", "max_tokens": -1}),
                         headers={"content-type": "application/json"}, timeout=60)
     assert bad.status_code == 400 and "max_tokens" in bad.text
+
+
+def test_a_local_adapter_answers_by_name_and_differs_from_the_base(haproxy_app, tiny_model):
+    def greedy(model: str) -> str:
+        r = requests.post(haproxy_app["url"] + "/v1/completions", timeout=120,
+                          json={"model": model, "prompt": "The capital of", "max_tokens": 12,
+                                "temperature": 0, "ignore_eos": True})
+        assert r.status_code == 200, r.text
+        return r.json()["choices"][0]["text"]
+
+    assert greedy("a1") != greedy(str(tiny_model))
+    assert greedy("a1") == greedy("a1")
+    missing = requests.post(haproxy_app["url"] + "/v1/completions", timeout=60,
+                            json={"model": "a9", "prompt": "Hi", "max_tokens": 2})
+    assert missing.status_code == 404 and "a1" in missing.text
 
 
 def test_ctrl_c_stops_the_cluster_haproxy_included(haproxy_app):
