@@ -67,7 +67,15 @@ def send_sample(url: str, args: argparse.Namespace, level: int, source, say: Con
 
 
 def wait_for_ctrl_c(say: Console, alive=lambda: True) -> None:
-    """Returns on Ctrl-C, or once ``alive()`` is false."""
+    """Returns on Ctrl-C (or SIGTERM), or once ``alive()`` is false. Both signals are set to
+    stop it here: a command started in the background by a non-interactive shell inherits
+    SIGINT ignored, and would otherwise serve on through the Ctrl-C it says stops it."""
+    import signal
+
+    def stop(*_):
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, stop)
     try:
         while alive():
             time.sleep(1)
