@@ -35,7 +35,7 @@ Two ways to get a model:
   point is the one measurement of capacity itself, where a step model fitted to small bursts
   extrapolates: near capacity, 10-20 % too much of it turned a measured queue of seconds into a
   predicted one of milliseconds. So its relative error weighs as much as every other point's
-  together (``SATURATION_WEIGHT``).
+  together (``saturation_weight``).
 - ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
   when no capacity bench exists (see ``GPU_DEFAULTS``).
 """
@@ -142,9 +142,7 @@ class CapacityModel:
         batch = min(batch, self.kv_cache_tokens / (input_tokens + output_tokens))
         batch = min(batch, self.max_num_batched_tokens / (1 + input_tokens / output_tokens))
         batch = max(batch, 1.0)
-        step = self.step_s(batch, batch * (input_tokens + output_tokens / 2),
-                           batch * input_tokens / output_tokens)
-        return batch / step
+        return 1.0 / _dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
 
     def describe(self) -> str:
         """One line for tables: the coefficients in readable units and the limits."""
@@ -302,6 +300,15 @@ def wave_terms(requests: int, prompt_tokens: float, output_tokens: int, max_num_
     return ttft, per_token
 
 
+def saturation_terms(batch: float, input_tokens: float, output_tokens: float) -> list[float]:
+    """The terms of the time per output token of a server whose batch stays full with
+    ``batch`` sequences of these mean sizes: each step decodes them all, prefills the
+    ``batch × input / output`` prompt tokens that replace the finishing ones, and holds
+    ``batch × (input + output / 2)`` KV tokens; ``batch`` tokens come out of it."""
+    b, i, o = batch, input_tokens, output_tokens
+    return [1.0 / b, 1.0, i + o / 2, i / o, 0.0]
+
+
 def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
     """The terms of one measured point's latency (a fit row), from its kind and sizes."""
     budget, seqs_cap = limits["max_num_batched_tokens"], limits["max_num_seqs"]
@@ -321,8 +328,7 @@ def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
         waiting = [0.5, 0.5 * point["background_seqs"], 0.5 * point["background_kv_tokens"], 0.0, 0.0]
         return [a + b for a, b in zip(ttft[0], waiting)]
     if kind == "saturation":            # the whole server's time per output token, batch full
-        b, i, o = point["running_seqs"], point["input_tokens"], point["output_tokens"]
-        return [1.0 / b, 1.0, i + o / 2, i / o, 0.0]
+        return saturation_terms(point["running_seqs"], point["input_tokens"], point["output_tokens"])
     raise BadInput(f"capacity_profile point kind {kind!r} is not one of {', '.join(KINDS)}")
 
 

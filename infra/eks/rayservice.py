@@ -29,9 +29,9 @@ from typing import Any
 import yaml
 
 from infra.eks.spec import ResolvedSpec, pinned
-from options.core.ray_proxy import ray_proxy_env
 from infra.eks.workload import (ADAPTERS_DIR, adapter_fetch_container, gpu_resources,
                                 gpu_toleration, hf_token_env, server_env, skip_annotations)
+from options.core.ray_proxy import ray_proxy_env
 
 # Requests one LLM replica should have in flight before Serve adds another (the KubeRay sample).
 TARGET_ONGOING_REQUESTS = 64

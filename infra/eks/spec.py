@@ -432,14 +432,20 @@ def resolve(spec: EksSpec, table=None) -> ResolvedSpec:
     if spec.gateway and spec.engine == "deployment" and spec.gateway_replicas < 2:
         warnings.append("--gateway-replicas 1: every request passes the gateway, so one replica "
                         "is a single point of failure; keep 2 or more")
-    max_loras = spec.max_loras or (min(len(spec.adapters), 4) if spec.adapters else None)
-    max_cpu_loras = spec.max_cpu_loras or (max(len(spec.adapters), max_loras)
-                                           if spec.adapters else None)
+    max_loras, max_cpu_loras = (lora_sizes(len(spec.adapters), spec.max_loras, spec.max_cpu_loras)
+                                if spec.adapters else (None, None))
     resolved_spec = replace(spec, instance_type=inst.name, gpu_type=inst.gpu_type,
                             gpus_per_replica=gpus, tensor_parallel_size=tp,
                             rate_limit_burst=spec.rate_limit_burst or 5 * spec.rate_limit_rps,
                             max_loras=max_loras, max_cpu_loras=max_cpu_loras)
     return ResolvedSpec(resolved_spec, inst, tuple(warnings))
+
+
+def lora_sizes(adapters: int, max_loras: int | None, max_cpu_loras: int | None) -> tuple[int, int]:
+    """(--max-loras, --max-cpu-loras) for ``adapters`` adapters where not given: every adapter
+    in one batch up to 4, and every adapter (at least a batch's) cached in host memory."""
+    max_loras = max_loras or min(adapters, 4)
+    return max_loras, max_cpu_loras or max(adapters, max_loras)
 
 
 def parse_adapter(text: str) -> tuple[str, str]:

@@ -65,12 +65,8 @@ def server_env(r: ResolvedSpec) -> list[dict[str, Any]]:
         env.append({"name": "SM_VLLM_ENABLE_PREFIX_CACHING",
                     "value": "true" if r.prefix_caching_setting else "false"})
     if r.lora:
-        env += [{"name": "SM_VLLM_ENABLE_LORA", "value": "true"},
-                {"name": "SM_VLLM_MAX_LORAS", "value": str(r.max_loras)},
-                {"name": "SM_VLLM_MAX_LORA_RANK", "value": str(r.max_lora_rank)},
-                {"name": "SM_VLLM_MAX_CPU_LORAS", "value": str(r.max_cpu_loras)},
-                # The server registers each <name>/ found here, as vLLM's --lora-modules would.
-                {"name": "SPECTRUM_SERVER_ADAPTERS_DIR", "value": ADAPTERS_DIR}]
+        env += [{"name": k, "value": v} for k, v in
+                lora_env(r.max_loras, r.max_lora_rank, r.max_cpu_loras, ADAPTERS_DIR).items()]
     env += [{"name": key, "value": value} for key, value in r.options]
     # The root filesystem is read-only: every cache goes to the writable cache volume.
     env += [{"name": "HOME", "value": f"{CACHE_DIR}/home"},
@@ -81,6 +77,14 @@ def server_env(r: ResolvedSpec) -> list[dict[str, Any]]:
             {"name": "USER", "value": "spectrum"},
             hf_token_env()]
     return env
+
+
+def lora_env(max_loras: int, max_lora_rank: int, max_cpu_loras: int, adapters_dir: str) -> dict[str, str]:
+    """The server settings that turn LoRA on with these sizes; the server registers each
+    ``<name>/`` folder in ``adapters_dir``, as vLLM's --lora-modules would."""
+    return {"SM_VLLM_ENABLE_LORA": "true", "SM_VLLM_MAX_LORAS": str(max_loras),
+            "SM_VLLM_MAX_LORA_RANK": str(max_lora_rank), "SM_VLLM_MAX_CPU_LORAS": str(max_cpu_loras),
+            "SPECTRUM_SERVER_ADAPTERS_DIR": adapters_dir}
 
 
 def restricted_container_security() -> dict[str, Any]:

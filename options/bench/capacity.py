@@ -49,7 +49,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from options.bench import runner
-from options.bench.metrics import RequestRecord, prometheus_samples, summarize
+from options.bench.metrics import RequestRecord, metric_sum, prometheus_samples, summarize
 from options.bench.profile import Profile, PromptTokens, make_prompt, parse_lengths
 from options.core import BadInput
 
@@ -424,14 +424,8 @@ def _measure_mixed(plan: CapacityPlan, m: Measurer, got: Collected, probes: int)
 
 
 def _metric_sum(url: str, name: str) -> float | None:
-    """The sum over label sets of a metric on the server's /metrics page (None: none there)."""
-    try:
-        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=10) as r:
-            page = r.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    values = [v for n, _labels, v in prometheus_samples(page) if n == name]
-    return sum(values) if values else None
+    page = runner.metrics_page(url)
+    return None if page is None else metric_sum(page, name)
 
 
 def measure_saturation(m: Measurer, url: str | None, mix: list[tuple[int, int]], max_num_seqs: int,

@@ -118,6 +118,13 @@ def prometheus_samples(text: str) -> Iterator[tuple[str, dict[str, str], float]]
             yield m.group(1), dict(_LABEL.findall(m.group(2) or "")), float(m.group(3))
 
 
+def metric_sum(text: str, name: str) -> float | None:
+    """A metric's value summed over its label sets (every engine, every model) in a Prometheus
+    text page; None where the page has no sample of it."""
+    values = [value for sample, _, value in prometheus_samples(text) if sample == name]
+    return sum(values) if values else None
+
+
 def spread(values: Iterable[float | None]) -> dict[str, float | None]:
     """Median, min and max of a contender's figure over rounds (Nones skipped)."""
     xs = [v for v in values if v is not None]
