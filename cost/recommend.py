@@ -210,7 +210,20 @@ def policy_text(level: int, policy: dict[str, Any]) -> str:
     if policy.get("kind") == "hpa_keda_queue_depth":
         return (f"HPA on {policy['metric']}: {policy['target']:g} waiting requests per replica, "
                 f"{policy['min_replicas']}-{policy['max_replicas']} replicas")
+    if policy.get("kind") == "ray_serve_ongoing_requests":
+        return (f"Ray Serve's autoscaler (--engine rayservice): {policy['target']:g} ongoing requests per "
+                f"replica, {policy['min_replicas']}-{policy['max_replicas']} replicas")
     return str(policy.get("kind"))
+
+
+def ray_autoscaling_flags(config: dict[str, Any]) -> list[str]:
+    """options.deploy's flags for a Ray Serve autoscaling_config: min/max replicas as
+    --min/--max-replicas, every other setting as --ray-autoscaling KEY=VALUE."""
+    argv = ["--min-replicas", str(config["min_replicas"]), "--max-replicas", str(config["max_replicas"])]
+    for key, value in config.items():
+        if key not in ("min_replicas", "max_replicas"):
+            argv += ["--ray-autoscaling", f"{key}={_number(value)}"]
+    return argv
 
 
 def deploy_command(level: int, policy: dict[str, Any], instance, model_id: str) -> dict[str, Any]:
@@ -254,6 +267,13 @@ def deploy_command(level: int, policy: dict[str, Any], instance, model_id: str) 
         if level == 2:
             notes.append(f"JumpStart offers each model on some instance types only: --plan says so if "
                          f"{instance.sagemaker_name} is not one of them")
+    elif policy.get("kind") == "ray_serve_ongoing_requests":
+        argv = ["--instance-type", instance.name, "--engine", "rayservice",
+                *ray_autoscaling_flags(policy["autoscaling_config"])]
+        notes += ["add --model HF_ID and --image URI (the byo image with Ray, pushed to a registry)",
+                  f"the simulation assumed a new replica serves {policy['replica_start_s']:g} s after Serve "
+                  "asks for it (GPU node + image pull + model load); Serve itself decides every "
+                  f"{policy['period_s']:g} s"]
     else:
         argv = ["--instance-type", instance.name,
                 "--min-replicas", str(policy["min_replicas"]), "--max-replicas", str(policy["max_replicas"]),

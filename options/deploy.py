@@ -127,7 +127,8 @@ def build_parser(level: int | None) -> argparse.ArgumentParser:
 # platform is refused with the reason and the right flags, not argparse's bare "unrecognized".
 AUTOSCALING_FLAGS = {
     SAGEMAKER: ("--autoscale-min", "--autoscale-max", "--autoscale-metric", "--autoscale-target"),
-    EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu", "--autoscaling-from"),
+    EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu", "--autoscaling-from",
+          "--ray-autoscaling"),
 }
 HOW_IT_SCALES = {
     BEDROCK: "AWS runs the model and bills per token: there are no instances to scale; its limits are "
@@ -136,7 +137,8 @@ HOW_IT_SCALES = {
                "--autoscale-max M --autoscale-target X [--autoscale-metric invocations|concurrency]",
     EC2: "a HorizontalPodAutoscaler scales the pods: use --min-replicas N --max-replicas M "
          "--target-waiting X (vLLM requests waiting per pod) [--target-cpu PCT], or --autoscaling-from FILE "
-         "(cost simulate's --json; with --engine rayservice, Ray Serve's autoscaling_config)",
+         "(cost simulate's --json; with --engine rayservice, Ray Serve's autoscaling_config), or with "
+         "--engine rayservice --ray-autoscaling KEY=VALUE",
 }
 
 

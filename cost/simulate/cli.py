@@ -40,6 +40,7 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     --eks-extended-support (``eks_extended_support=False`` leaves it to the caller)."""
     from cost.simulate.bedrock import PT_TERMS
     from cost.simulate.fleet import ROUTINGS
+    from cost.simulate.rungs import RUNG6_AUTOSCALERS
     from cost.simulate.scaling import SAGEMAKER_METRICS
     from cost.traces import add_trace_arguments
 
@@ -77,8 +78,10 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     bed.add_argument("--bedrock-pt-units", type=int, metavar="N",
                      help="Provisioned Throughput model units (default: the least that meets the SLO)")
     fl = s.add_argument_group("self-hosted fleets (rungs 2-6)")
-    fl.add_argument("--routing", choices=ROUTINGS, default="random",
-                    help="how requests pick a replica (default random: SageMaker's and kube-proxy's default)")
+    fl.add_argument("--routing", choices=ROUTINGS,
+                    help="how requests pick a replica on every self-hosted rung (default: each platform's own: "
+                         "random for SageMaker and the Service in front of rung 6's pods, power_of_two for "
+                         "--rung6-autoscaler ray-serve, Ray Serve's router)")
     fl.add_argument("--min-instances", type=int, metavar="N", help="fleet floor (default 1)")
     fl.add_argument("--max-instances", type=int, metavar="N", help="fleet ceiling (default: twice the peak minute's need + 1)")
     fl.add_argument("--scale-to-zero", action="store_true",
@@ -92,20 +95,18 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
                     help="SageMaker: launch to serving for a new instance (default: the dated table's)")
     fl.add_argument("--replica-start-s", type=float, metavar="S",
                     help="EKS: node launch + image pull + model load for a new replica (default: the dated table's)")
-    if add_pricing is not None:
-        from cost.simulate.rungs import RUNG6_AUTOSCALERS
-        fl.add_argument("--rung6-autoscaler", choices=RUNG6_AUTOSCALERS, default="hpa",
-                        help="who scales rung 6: hpa (default; the Deployment's HPA/KEDA on waiting requests) or "
-                             "ray-serve (--engine rayservice: Serve's autoscaler on ongoing requests per replica, "
-                             "with its delays)")
-        fl.add_argument("--target-ongoing", type=float, metavar="X",
-                        help="with --rung6-autoscaler ray-serve: simulate this target_ongoing_requests instead of "
-                             "searching")
-        fl.add_argument("--ray-autoscaling", action="append", default=[], metavar="KEY=VALUE",
-                        help="with --rung6-autoscaler ray-serve: one of Ray Serve's autoscaling_config settings "
-                             "(upscale_delay_s, downscale_delay_s, downscale_to_zero_delay_s, upscaling_factor, "
-                             "downscaling_factor, look_back_period_s, metrics_interval_s; default Ray 2.60's), "
-                             "repeatable, e.g. --ray-autoscaling upscale_delay_s=10")
+    fl.add_argument("--rung6-autoscaler", choices=RUNG6_AUTOSCALERS, default="hpa",
+                    help="who scales rung 6: hpa (default; the Deployment's HPA/KEDA on waiting requests) or "
+                         "ray-serve (--engine rayservice: Serve's autoscaler on ongoing requests per replica, "
+                         "with its delays)")
+    fl.add_argument("--target-ongoing", type=float, metavar="X",
+                    help="with --rung6-autoscaler ray-serve: simulate this target_ongoing_requests instead of "
+                         "searching")
+    fl.add_argument("--ray-autoscaling", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --rung6-autoscaler ray-serve: one of Ray Serve's autoscaling_config settings "
+                         "(upscale_delay_s, downscale_delay_s, downscale_to_zero_delay_s, upscaling_factor, "
+                         "downscaling_factor, look_back_period_s, metrics_interval_s; default Ray 2.60's), "
+                         "repeatable, e.g. --ray-autoscaling upscale_delay_s=10")
     fl.add_argument("--spot", action="store_true",
                     help="rung 6's GPU nodes on EC2 Spot: billed per second (60 s minimum) at --spot-discount off "
                          "on-demand, reclaimed at --spot-interruptions-per-hour after a 2-minute notice (drained, "
@@ -126,7 +127,7 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
 def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
     """(who scales rung 6, the Ray Serve autoscaling_config settings given): the flags checked
     against each other, each setting by name."""
-    from cost.simulate.scaling import RAY_SERVE_KEYS
+    from cost.simulate.scaling import parse_ray_autoscaling
 
     rung6 = getattr(args, "rung6_autoscaler", "hpa") or "hpa"
     target_ongoing = getattr(args, "target_ongoing", None)
@@ -140,23 +141,20 @@ def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
     if args.target_waiting is not None:
         raise BadInput(f"--target-waiting {args.target_waiting:g} is the HPA's target, and --rung6-autoscaler "
                        "ray-serve scales on ongoing requests: give --target-ongoing X instead")
-    tunable = [k for k in RAY_SERVE_KEYS if k not in ("min_replicas", "max_replicas", "target_ongoing_requests")]
-    settings: dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        key = key.strip()
-        if key in ("min_replicas", "max_replicas", "target_ongoing_requests"):
-            flag = {"min_replicas": "--min-instances", "max_replicas": "--max-instances"}.get(key, "--target-ongoing")
-            raise BadInput(f"--ray-autoscaling {pair!r}: give {key} as {flag} (the simulator searches or bounds it)")
-        if not sep or key not in tunable:
-            raise BadInput(f"--ray-autoscaling {pair!r} must be KEY=VALUE with KEY one of {', '.join(tunable)}, "
-                           "e.g. --ray-autoscaling upscale_delay_s=10")
-        try:
-            settings[key] = float(value)
-        except ValueError:
-            raise BadInput(f"--ray-autoscaling {pair!r}: {value!r} is not a number of "
-                           f"{'seconds' if key.endswith('_s') else 'times'}, e.g. {key}=10") from None
-    return rung6, settings
+    return rung6, parse_ray_autoscaling(pairs, {"min_replicas": "--min-instances (the simulator bounds it)",
+                                                "max_replicas": "--max-instances (the simulator bounds it)",
+                                                "target_ongoing_requests": "--target-ongoing (or leave it to "
+                                                                           "the simulator's search)"})
+
+
+def routing_text(args) -> str:
+    """How the simulated fleets routed requests, in words (rungs.Simulation.routing_for)."""
+    if args.routing:
+        return args.routing.replace("_", " ") + " on every self-hosted rung"
+    return ("at random (SageMaker's default; the Service in front of rung 6's pods)"
+            if args.rung6_autoscaler != "ray-serve" else
+            "at random on SageMaker, and on rung 6 by Ray Serve's power of two choices (the fewer outstanding "
+            "of two replicas drawn at random)")
 
 
 def bedrock_forms(args, levels: tuple[int, ...]):
@@ -328,7 +326,7 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         f"its source there; SageMaker requests over {int(defaults['sagemaker']['invocation_timeout_s']['value'])} s "
         f"time out (real-time endpoints' limit)",
         "each replica is a continuous-batching server (FCFS queue, admission bounded by max sequences, the "
-        "step's token budget and the KV cache); requests are routed " + args.routing.replace("_", " "),
+        "step's token budget and the KV cache); requests are routed " + routing_text(args),
         "Bedrock's latency is a stated assumption (TTFT + input/prompt rate + output/decode rate), not a measurement",
         *(["Bedrock batch: the model's batch price on every request (not throttled: batch jobs are outside the "
            "on-demand quotas); each answer taken at arrival + the 24 h window, the worst case it allows"]

@@ -25,7 +25,10 @@ SERVED, NO_CAPACITY, TIMED_OUT, UNFINISHED = 0, 1, 2, 3
 INTERRUPTED = 5      # on a spot node EC2 reclaimed (4 is Bedrock's THROTTLED)
 STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_out", UNFINISHED: "unfinished",
                 INTERRUPTED: "interrupted"}
-ROUTINGS = ("random", "least_outstanding")
+# How a request picks a serving replica: uniformly at random (SageMaker's default, kube-proxy's
+# Service), the one with the fewest outstanding requests (SageMaker's LEAST_OUTSTANDING_REQUESTS),
+# or the fewer of two drawn at random (Ray Serve's default router, "power of two choices").
+ROUTINGS = ("random", "least_outstanding", "power_of_two")
 
 
 @dataclass(eq=False)
@@ -114,6 +117,8 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     starting: list[Instance] = []   # launched, ordered by ready time
     rng = np.random.default_rng(seed)
     picks = rng.random(n).tolist()
+    # the second candidate of power of two, drawn after the first so the others' draws are unchanged
+    seconds = rng.random(n).tolist() if routing == "power_of_two" else None
     node_of: list[int] = [-1] * n           # the node each request was sent to
     node_index: dict[int, int] = {}         # id(replica) -> its node's index in instances
     notices: list[tuple[float, int]] = []   # (notice time, node): a heap
@@ -246,6 +251,13 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
         if routing == "random" or len(serving) == 1:
             rep = serving[int(picks[i] * len(serving))]
             rep.advance_to(t)
+        elif seconds is not None:       # two distinct replicas, the first kept on a tie
+            first_pick = int(picks[i] * len(serving))
+            other = int(seconds[i] * (len(serving) - 1))
+            pair = (serving[first_pick], serving[other + (other >= first_pick)])
+            for r in pair:
+                r.advance_to(t)
+            rep = min(pair, key=lambda r: r.outstanding)
         else:
             for r in serving:
                 r.advance_to(t)

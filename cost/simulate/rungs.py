@@ -90,7 +90,7 @@ class Setup:
     bedrock: BedrockSettings
     eks_fixed_hourly: float          # control plane + system nodes, per hour
     discount_pct: float = 0.0
-    routing: str = "random"
+    routing: str | None = None        # None: each rung's own (routing_for)
     scale_to_zero: bool = False      # SageMaker inference components with copy count 0
     min_instances: int | None = None
     max_instances: int | None = None
@@ -168,6 +168,14 @@ class Simulation:
 
     # --- one self-hosted fleet --------------------------------------------------------------
 
+    def routing_for(self, level: int) -> str:
+        """The router of ``level``'s fleet: the one asked for, else what the platform does:
+        Ray Serve's power of two choices on rung 6 scaled by Serve, random elsewhere
+        (SageMaker's default, and the Service in front of rung 6's pods)."""
+        if self.setup.routing:
+            return self.setup.routing
+        return "power_of_two" if level == EKS_LEVEL and self.setup.rung6_autoscaler == "ray-serve" else "random"
+
     def run_policy(self, level: int, policy) -> dict[str, Any]:
         key = (level if level == EKS_LEVEL else "sagemaker", id(self.setup.capacity[level]),
                repr(policy.to_json()))
@@ -177,7 +185,7 @@ class Simulation:
         timeout = default("sagemaker", "invocation_timeout_s") if level != EKS_LEVEL else None
         spot = self.setup.spot if level == EKS_LEVEL else None
         run = run_fleet(self.arrival, self.inputs, self.outputs, cap, policy, span_s=self.span_s,
-                        routing=self.setup.routing, seed=self.setup.seed, timeout_s=timeout,
+                        routing=self.routing_for(level), seed=self.setup.seed, timeout_s=timeout,
                         interruption_notice=spot.notices(self.setup.seed) if spot else None,
                         notice_s=spot.notice_s if spot else 0.0)
         if level == EKS_LEVEL:

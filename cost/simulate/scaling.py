@@ -232,6 +232,29 @@ RAY_SERVE_KEYS = ("min_replicas", "max_replicas", "target_ongoing_requests", "up
                   "look_back_period_s", "metrics_interval_s")
 
 
+def parse_ray_autoscaling(pairs: list[str], elsewhere: dict[str, str]) -> dict[str, float]:
+    """``--ray-autoscaling KEY=VALUE`` flags as ``{key: number}``, each key one of Ray Serve's
+    autoscaling_config settings the simulator models; a key in ``elsewhere`` is refused naming
+    the flag that gives it (``{"max_replicas": "--max-instances"}``). The values' ranges are
+    RayServe's to check."""
+    tunable = [k for k in RAY_SERVE_KEYS if k not in elsewhere]
+    settings: dict[str, float] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        key = key.strip()
+        if key in elsewhere:
+            raise BadInput(f"--ray-autoscaling {pair!r}: give {key} as {elsewhere[key]}")
+        if not sep or key not in tunable:
+            raise BadInput(f"--ray-autoscaling {pair!r} must be KEY=VALUE with KEY one of {', '.join(tunable)}, "
+                           "e.g. --ray-autoscaling upscale_delay_s=10")
+        try:
+            settings[key] = float(value)
+        except ValueError:
+            raise BadInput(f"--ray-autoscaling {pair!r}: {value!r} is not a number of "
+                           f"{'seconds' if key.endswith('_s') else 'times'}, e.g. {key}=10") from None
+    return settings
+
+
 def ray_default(name: str):
     return default("ray_serve", name)
 

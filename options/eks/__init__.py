@@ -44,19 +44,18 @@ class Level6Spec:
 @dataclass(frozen=True)
 class LocalAdapters:
     """--adapter NAME=FOLDER on a local Ray: peft folders on this machine, and the LoRA sizes the
-    rendered RayService would give them (the same defaults as infra.eks.spec's)."""
+    rendered RayService would give them (infra.eks.spec.lora_sizes)."""
     folders: tuple[tuple[str, Path], ...]
     max_loras: int
     max_lora_rank: int
     max_cpu_loras: int
 
     def settings(self, adapters_dir: str) -> dict[str, str]:
-        """The server settings that turn LoRA on with these sizes and register ``adapters_dir``'s
-        folders (one per adapter, named as it)."""
-        return {"SM_VLLM_ENABLE_LORA": "true", "SM_VLLM_MAX_LORAS": str(self.max_loras),
-                "SM_VLLM_MAX_LORA_RANK": str(self.max_lora_rank),
-                "SM_VLLM_MAX_CPU_LORAS": str(self.max_cpu_loras),
-                "SPECTRUM_SERVER_ADAPTERS_DIR": adapters_dir}
+        """The server settings the rendered pods get (infra.eks.workload.lora_env), with
+        ``adapters_dir`` holding one folder per adapter, named as it."""
+        from infra.eks.workload import lora_env
+
+        return lora_env(self.max_loras, self.max_lora_rank, self.max_cpu_loras, adapters_dir)
 
 
 # ----------------------------------------------------------------------------------- flags
@@ -83,6 +82,11 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                         "target, or with --engine rayservice the ray_serve_autoscaling_config of "
                         "--rung6-autoscaler ray-serve) or a Ray Serve autoscaling_config JSON, e.g. "
                         "--autoscaling-from sim.json")
+    g.add_argument("--ray-autoscaling", dest="ray_settings", action="append", metavar="KEY=VALUE",
+                   help="--engine rayservice: one of Ray Serve's autoscaling_config settings "
+                        "(target_ongoing_requests, upscale_delay_s, downscale_delay_s, look_back_period_s, "
+                        "...; min/max as --min/--max-replicas), repeatable, as cost recommend --trace "
+                        "prints them, e.g. --ray-autoscaling target_ongoing_requests=8")
     g.add_argument("--target-cpu", type=int, metavar="PCT",
                    help="HPA CPU utilisation target in %% (default 70; 0 = off), e.g. 70")
     g.add_argument("--target-waiting", type=float, metavar="N",
@@ -203,8 +207,7 @@ def spec_from_args(args: argparse.Namespace) -> Level6Spec:
         "gateway": bool(getattr(args, "gateway", False)),
         "gateway_image": args.gateway_image, "gateway_replicas": args.gateway_replicas,
     }
-    if getattr(args, "autoscaling_from", None):
-        given.update(_merge_autoscaling(args, autoscaling_from(args.autoscaling_from, args.engine)))
+    given.update(autoscaling_given(args))
     if args.instance_type is None and args.gpu_type is None:
         given.pop("instance_type")
     spec = EksSpec(**{k: v for k, v in given.items() if v is not None})
@@ -265,6 +268,30 @@ def autoscaling_from(path: str, engine: str | None) -> dict[str, Any]:
     return out
 
 
+def autoscaling_given(args: argparse.Namespace) -> dict[str, Any]:
+    """The spec fields --autoscaling-from's file and --ray-autoscaling's settings set together
+    (a setting in both with two values refused, each checked as Ray's AutoscalingConfig would)."""
+    from cost.simulate.scaling import parse_ray_autoscaling, ray_serve_from_config
+
+    fields = (_merge_autoscaling(args, autoscaling_from(args.autoscaling_from, args.engine))
+              if getattr(args, "autoscaling_from", None) else {})
+    pairs = _as_list(getattr(args, "ray_settings", None))
+    if not pairs:
+        return fields
+    if args.engine != "rayservice":
+        raise BadInput(f"--ray-autoscaling {pairs[0]} sets Ray Serve's autoscaler: add --engine rayservice, "
+                       "or scale the Deployment with --min-replicas, --max-replicas and --target-waiting")
+    settings = parse_ray_autoscaling(pairs, {"min_replicas": "--min-replicas", "max_replicas": "--max-replicas"})
+    from_file = dict(fields.get("ray_autoscaling", ()))
+    for key, value in settings.items():
+        if key in from_file and from_file[key] != value:
+            raise BadInput(f"--ray-autoscaling {key}={value:g} and --autoscaling-from {args.autoscaling_from} "
+                           f"({key} {from_file[key]}) disagree: drop one, or edit the file")
+    merged = {**from_file, **settings}
+    ray_serve_from_config(dict(merged))             # names a value Ray would refuse
+    return {**fields, "ray_autoscaling": tuple(merged.items())}
+
+
 def _merge_autoscaling(args: argparse.Namespace, fields: dict[str, Any]) -> dict[str, Any]:
     """The file's fields, refusing a flag given with another value."""
     for key, value in fields.items():
@@ -277,11 +304,11 @@ def _merge_autoscaling(args: argparse.Namespace, fields: dict[str, Any]) -> dict
 
 
 def local_autoscaling_config(args: argparse.Namespace) -> dict[str, Any] | None:
-    """--engine rayservice --target local with --autoscaling-from: the autoscaling_config the
-    local application runs with (--min/--max-replicas bound it when given)."""
-    if not getattr(args, "autoscaling_from", None):
+    """--engine rayservice --target local with --autoscaling-from or --ray-autoscaling: the
+    autoscaling_config the local application runs with (--min/--max-replicas bound it when given)."""
+    fields = autoscaling_given(args)
+    if not fields:
         return None
-    fields = _merge_autoscaling(args, autoscaling_from(args.autoscaling_from, "rayservice"))
     config = {"min_replicas": fields.get("min_replicas", args.min_replicas or 1),
               "max_replicas": fields.get("max_replicas", args.max_replicas or 1)}
     return {**config, **dict(fields["ray_autoscaling"])}
@@ -312,7 +339,7 @@ def _ray_here(args: argparse.Namespace) -> Level6Spec:
 def _local_adapters(args: argparse.Namespace) -> LocalAdapters | None:
     """--adapter NAME=FOLDER for a local Ray (a cluster's pods fetch NAME=s3://... instead); the
     sizes as the rendered RayService would set them."""
-    from infra.eks.spec import ADAPTER_NAME, LORA_RANKS
+    from infra.eks.spec import ADAPTER_NAME, LORA_RANKS, lora_sizes
 
     values = _as_list(getattr(args, "adapter", None))
     if not values:
@@ -345,8 +372,8 @@ def _local_adapters(args: argparse.Namespace) -> LocalAdapters | None:
     rank = getattr(args, "max_lora_rank", None) or 16
     if rank not in LORA_RANKS:
         raise BadInput(f"--max-lora-rank {rank!r} must be one of {', '.join(map(str, LORA_RANKS))}")
-    max_loras = getattr(args, "max_loras", None) or min(len(folders), 4)
-    max_cpu_loras = getattr(args, "max_cpu_loras", None) or max(len(folders), max_loras)
+    max_loras, max_cpu_loras = lora_sizes(len(folders), getattr(args, "max_loras", None),
+                                          getattr(args, "max_cpu_loras", None))
     if max_cpu_loras < max_loras:
         raise BadInput(f"--max-cpu-loras {max_cpu_loras} is below --max-loras {max_loras}: every "
                        f"adapter in a batch is also cached in host memory; raise it to {max_loras}")

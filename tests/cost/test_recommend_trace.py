@@ -50,6 +50,13 @@ def assert_command_sets_the_policy(data: dict) -> None:
         assert AUTOSCALE_METRICS[args.autoscale_metric] == policy["metric"]
         assert (args.autoscale_min, args.autoscale_max, args.autoscale_target) == \
             (policy["min_instances"], policy["max_instances"], policy["target"])
+    elif level == 6 and policy["kind"] == "ray_serve_ongoing_requests":
+        from options.eks import autoscaling_given
+
+        assert args.engine == "rayservice" and args.instance_type == data["instance"] == "g5.xlarge"
+        fields = autoscaling_given(args)
+        assert {"min_replicas": args.min_replicas, "max_replicas": args.max_replicas,
+                **dict(fields["ray_autoscaling"])} == policy["autoscaling_config"]
     elif level == 6:
         assert policy["kind"] == "hpa_keda_queue_depth" and policy["metric"] == "vllm:num_requests_waiting"
         assert args.instance_type == data["instance"] == "g5.xlarge"
@@ -119,6 +126,25 @@ def test_own_infrastructure_gets_the_hpa_the_simulation_chose(capsys):
     assert hpa["spec"]["metrics"] == [{"type": "Pods", "pods": {
         "metric": {"name": "vllm_num_requests_waiting"},
         "target": {"type": "AverageValue", "averageValue": _quantity(data["policy"]["target"])}}}]
+
+
+def test_own_infrastructure_on_ray_gets_the_serve_autoscaling_the_simulation_chose(capsys):
+    data = recommend_json(capsys, *TEN_MINUTES, "--own-infrastructure", "--rung6-autoscaler", "ray-serve",
+                          "--ray-autoscaling", "upscale_delay_s=12")
+    policy = data["policy"]
+    assert data["level"] == 6 and policy["kind"] == "ray_serve_ongoing_requests"
+    assert policy["autoscaling_config"]["upscale_delay_s"] == 12
+    assert_command_sets_the_policy(data)
+    assert "--engine rayservice" in data["deploy"]["command"]
+    plan = planned(data["deploy"]["plan_command"])
+    (ray,) = [s.params["manifest"] for s in plan.steps
+              if s.operation == "Apply" and s.params["manifest"]["kind"] == "RayService"]
+    import yaml
+
+    app = yaml.safe_load(ray["spec"]["serveConfigV2"])["applications"][0]
+    assert app["args"]["autoscaling_config"] == policy["autoscaling_config"]
+    code, out, _ = run(capsys, *BASE, *TEN_MINUTES, "--own-infrastructure", "--rung6-autoscaler", "ray-serve")
+    assert code == 0 and "Ray Serve's autoscaler (--engine rayservice)" in out
 
 
 def test_a_requirement_removes_the_rungs_below_it(capsys):

@@ -119,6 +119,39 @@ def reference_stepper(cap, arrivals, inputs, outputs):
     return np.array(first), np.array(last)
 
 
+def test_power_of_two_sends_each_request_to_the_less_busy_of_two_drawn_replicas():
+    cap = capacity(step_base_s=0.02, max_num_seqs=4)
+    rng = random.Random(3)
+    arrivals = sorted(rng.uniform(0, 150) for _ in range(2000))
+    inputs = [rng.randint(50, 400) for _ in arrivals]
+    outputs = [rng.randint(20, 120) for _ in arrivals]
+    # two replicas, one sequence each, two long requests 1 ms apart: the pair drawn is always both
+    # replicas, so the second goes to the idle one whatever the draw; random doubles up on some seeds
+    one_seq = capacity(max_num_seqs=1)
+    waited = {}
+    for routing in ("power_of_two", "random"):
+        waited[routing] = [serve(one_seq, [0.0, 0.001], [10, 10], [100, 100], Fixed(2), routing=routing,
+                                 seed=seed)[1][1] > 0.5 for seed in range(20)]
+    assert not any(waited["power_of_two"]) and any(waited["random"])
+    # eight replicas near saturation: its tail far below random's, and at least least outstanding's
+    p99 = {routing: float(np.percentile(serve(cap, arrivals, inputs, outputs, Fixed(8), routing=routing)[2], 99))
+           for routing in ("random", "power_of_two", "least_outstanding")}
+    assert p99["least_outstanding"] <= p99["power_of_two"] < 0.8 * p99["random"], p99
+
+
+def test_ray_serve_on_rung_6_routes_by_power_of_two_unless_told(capsys):
+    from cost.__main__ import main
+
+    base = ["simulate", "--trace", str(AZURE_CONV_TRACE), "--window", "0:300", "--model",
+            "meta.llama3-1-8b-instruct-v1:0", "--instance", "g5.xlarge", "--capacity", "1500", "--rungs", "3,6",
+            "--json", "--no-progress"]
+    assert main([*base, "--rung6-autoscaler", "ray-serve"]) == 0
+    said = " ".join(json.loads(capsys.readouterr().out)["assumptions"])
+    assert "at random on SageMaker, and on rung 6 by Ray Serve's power of two choices" in said
+    assert main([*base, "--rung6-autoscaler", "ray-serve", "--routing", "random"]) == 0
+    assert "random on every self-hosted rung" in " ".join(json.loads(capsys.readouterr().out)["assumptions"])
+
+
 def test_closed_form_jumps_match_a_step_by_step_engine():
     cap = capacity(step_per_seq_s=0.0003, step_per_kv_token_s=2e-6, prefill_per_token_s=2e-4, max_num_seqs=6,
                    max_num_batched_tokens=300)

@@ -77,6 +77,42 @@ def test_a_bare_autoscaling_config_and_the_local_application(tmp_path):
     assert local_app_args("tiny", ())["num_replicas"] == 1          # without it: one replica, as before
 
 
+def test_ray_autoscaling_flags_set_the_config_alone_or_beside_a_file(tmp_path):
+    from options.deploy import parse_args
+    from options.eks import local_autoscaling_config
+
+    flags = ["--engine", "rayservice", "--min-replicas", "2", "--max-replicas", "5",
+             "--ray-autoscaling", "target_ongoing_requests=8", "--ray-autoscaling", "downscale_delay_s=120"]
+    config = {"min_replicas": 2, "max_replicas": 5, "target_ongoing_requests": 8.0, "downscale_delay_s": 120.0}
+    assert serve_app(render(spec(*flags)))["args"]["autoscaling_config"] == config
+    assert local_autoscaling_config(parse_args(["--level", "6", *flags])) == config
+    path = tmp_path / "scaling.json"
+    path.write_text(json.dumps({"target_ongoing_requests": 8, "upscale_delay_s": 1}))
+    both = serve_app(render(spec(*flags, "--autoscaling-from", str(path))))["args"]["autoscaling_config"]
+    assert both == {**config, "upscale_delay_s": 1}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--ray-autoscaling", "target_ongoing_requests=8"], "add --engine rayservice"),
+    (["--engine", "rayservice", "--ray-autoscaling", "max_replicas=3"], "give max_replicas as --max-replicas"),
+    (["--engine", "rayservice", "--ray-autoscaling", "upscale=3"], "KEY one of target_ongoing_requests"),
+    (["--engine", "rayservice", "--ray-autoscaling", "upscale_delay_s=soon"], "'soon' is not a number"),
+    (["--engine", "rayservice", "--ray-autoscaling", "target_ongoing_requests=0"],
+     "target_ongoing_requests 0.0 must be a number > 0"),
+])
+def test_bad_ray_autoscaling_flags_are_refused_naming_the_value(argv, message):
+    with pytest.raises(BadInput, match=message):
+        spec(*argv)
+
+
+def test_a_flag_and_the_file_disagreeing_is_refused(tmp_path):
+    path = tmp_path / "scaling.json"
+    path.write_text(json.dumps({"target_ongoing_requests": 2}))
+    with pytest.raises(BadInput, match="target_ongoing_requests=8 and --autoscaling-from .* disagree"):
+        spec("--engine", "rayservice", "--autoscaling-from", str(path), "--ray-autoscaling",
+             "target_ongoing_requests=8")
+
+
 def test_the_simulated_hpa_is_what_the_deployment_scales_with(tmp_path, capsys):
     path, doc = simulate(tmp_path, capsys, "--target-waiting", "2", "--max-instances", "4")
     eks = spec("--autoscaling-from", path)
