@@ -151,10 +151,12 @@ def routing_text(args) -> str:
     """How the simulated fleets routed requests, in words (rungs.Simulation.routing_for)."""
     if args.routing:
         return args.routing.replace("_", " ") + " on every self-hosted rung"
-    return ("at random (SageMaker's default; the Service in front of rung 6's pods)"
-            if args.rung6_autoscaler != "ray-serve" else
-            "at random on SageMaker, and on rung 6 by Ray Serve's power of two choices (the fewer outstanding "
-            "of two replicas drawn at random)")
+    sagemaker = ("to the copy with the fewest outstanding requests on SageMaker (inference components, "
+                 "LEAST_OUTSTANDING_REQUESTS as options.deploy sets it)" if args.scale_to_zero else
+                 "at random on SageMaker (its default)")
+    rung6 = ("by Ray Serve's power of two choices on rung 6 (the fewer outstanding of two replicas drawn at "
+             "random)" if args.rung6_autoscaler == "ray-serve" else "at random on rung 6 (the pods' Service)")
+    return f"{sagemaker}, {rung6}"
 
 
 def bedrock_forms(args, levels: tuple[int, ...]):

@@ -169,12 +169,15 @@ class Simulation:
     # --- one self-hosted fleet --------------------------------------------------------------
 
     def routing_for(self, level: int) -> str:
-        """The router of ``level``'s fleet: the one asked for, else what the platform does:
-        Ray Serve's power of two choices on rung 6 scaled by Serve, random elsewhere
-        (SageMaker's default, and the Service in front of rung 6's pods)."""
+        """The router of ``level``'s fleet: the one asked for, else what the deployed platform
+        does: on rung 6 Ray Serve's power of two choices (scaled by Serve) or the Service's
+        random pick (the HPA); on SageMaker its default random, except inference components
+        (--scale-to-zero), which options.deploy gives LEAST_OUTSTANDING_REQUESTS."""
         if self.setup.routing:
             return self.setup.routing
-        return "power_of_two" if level == EKS_LEVEL and self.setup.rung6_autoscaler == "ray-serve" else "random"
+        if level == EKS_LEVEL:
+            return "power_of_two" if self.setup.rung6_autoscaler == "ray-serve" else "random"
+        return "least_outstanding" if self.setup.scale_to_zero else "random"
 
     def run_policy(self, level: int, policy) -> dict[str, Any]:
         key = (level if level == EKS_LEVEL else "sagemaker", id(self.setup.capacity[level]),

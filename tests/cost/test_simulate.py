@@ -139,7 +139,7 @@ def test_power_of_two_sends_each_request_to_the_less_busy_of_two_drawn_replicas(
     assert p99["least_outstanding"] <= p99["power_of_two"] < 0.8 * p99["random"], p99
 
 
-def test_ray_serve_on_rung_6_routes_by_power_of_two_unless_told(capsys):
+def test_each_platform_routes_as_deployed_unless_told(capsys):
     from cost.__main__ import main
 
     base = ["simulate", "--trace", str(AZURE_CONV_TRACE), "--window", "0:300", "--model",
@@ -147,7 +147,10 @@ def test_ray_serve_on_rung_6_routes_by_power_of_two_unless_told(capsys):
             "--json", "--no-progress"]
     assert main([*base, "--rung6-autoscaler", "ray-serve"]) == 0
     said = " ".join(json.loads(capsys.readouterr().out)["assumptions"])
-    assert "at random on SageMaker, and on rung 6 by Ray Serve's power of two choices" in said
+    assert "at random on SageMaker (its default), by Ray Serve's power of two choices on rung 6" in said
+    assert main([*base, "--scale-to-zero"]) == 0
+    said = " ".join(json.loads(capsys.readouterr().out)["assumptions"])
+    assert "fewest outstanding requests on SageMaker" in said and "at random on rung 6" in said
     assert main([*base, "--rung6-autoscaler", "ray-serve", "--routing", "random"]) == 0
     assert "random on every self-hosted rung" in " ".join(json.loads(capsys.readouterr().out)["assumptions"])
 
