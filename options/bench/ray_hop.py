@@ -34,18 +34,25 @@ tok/s, and front-end CPU per output token (``options.bench.cpu``): user+sys CPU 
 the run, of every process of the contender's tree except vLLM's engine processes. For Ray
 that is every process of the local cluster (driver, GCS, raylet and its agents, the Serve
 controller, the proxy, the ingress and engine replica actors, idle workers); for the plain
-server, gunicorn and its worker.
+server, gunicorn and its worker. Each run's CPU is also split by process (``cpu_s_by_process``)
+and summed over the serving path alone (``serving_cpu_ms_per_token``: Ray's replicas, proxy
+and HAProxy, RAY_SERVING_PATH; all of the plain server), and each contender is read idle for
+IDLE_S once a round (``idle``): Ray's control plane costs CPU every second whatever the
+traffic, so its share of CPU per token falls as the load rises.
 
 The verdict (``GOAL``): at each concurrency, the added TTFT p50 (ray − plain, the medians
-over rounds, in ms) and the CPU ratio (ray / plain, medians). A difference is claimed only
+over rounds, in ms) and the CPU ratio (ray / plain, medians; ``serving_cpu_ratio`` the same
+for the serving path, reported beside it, not part of the verdict). A difference is claimed only
 when it is larger than the noise, the sum of both contenders' half-ranges over rounds:
 ``met`` when the figure is within the goal; ``not met`` when it is past the goal by more than
 the noise; ``unclear`` when it is past the goal by less than the noise.
 
 The JSON: ``schema`` ``spectrum.bench.ray-hop/1``, ``runs`` (every contender, round and
 concurrency), ``by_concurrency["C"]`` (each contender's figures as ``{median, min, max}``,
-``added_ttft_ms_p50``, ``cpu_ratio`` and their verdicts), ``verdict`` (all concurrencies),
-``loadavg`` before and after, the settings and the command.
+``added_ttft_ms_p50``, ``cpu_ratio``, ``serving_cpu_ratio`` and their verdicts), ``verdict``
+(all concurrencies, of the first two), ``idle`` (each contender's idle CPU per second over
+rounds, and every reading by process), ``loadavg`` before and after, the settings and the
+command.
 """
 from __future__ import annotations
 
@@ -72,8 +79,15 @@ DEFAULT_CONCURRENCY = (1, 8, 32)
 # The issue's goal for the Ray hop: at most this much TTFT p50 added, this CPU per token ratio.
 GOAL = {"added_ttft_ms_p50": 5.0, "cpu_ratio": 1.15}
 FIGURES = ("ttft_ms_p50", "ttft_ms_p99", "tpot_ms_p50", "output_tokens_per_second",
-           "cpu_ms_per_token")
+           "cpu_ms_per_token", "serving_cpu_ms_per_token")
+# Ray's processes that carry requests (their CPU grows with traffic): the replicas, Serve's
+# proxy actor and HAProxy. The rest (Serve controller, GCS, raylet, the dashboard, runtime-env
+# and log agents, the HAProxy manager, the driver) keep the cluster up at a fixed cost per
+# cluster or per node, whatever the traffic: on a RayService the controller and GCS run on the
+# head pod.
+RAY_SERVING_PATH = ("ray::ServeReplica", "ray::ProxyActor", "haproxy")
 READY_TIMEOUT_S = 600.0
+IDLE_S = 10.0          # how long each contender is read idle, once a round after its warm-up
 STOP_TIMEOUT_S = 60.0
 
 
@@ -107,6 +121,25 @@ def gap(difference: float | None, noise_: float | None) -> str:
     return "ray slower" if difference > 0 else "ray faster"
 
 
+def ratio_verdict(pc: dict[str, Any], rc: dict[str, Any], known: bool) -> dict[str, Any]:
+    """Ray's CPU per token over the plain server's (medians), its noise and verdict."""
+    ratio = (rc["median"] / pc["median"]) if pc["median"] and rc["median"] is not None else None
+    # Relative noise of each side, as a ratio's: ratio × (half-range / median summed).
+    rel = (noise(pc, {"min": None, "max": None}) / pc["median"] if pc["median"] else 0.0) + \
+          (noise(rc, {"min": None, "max": None}) / rc["median"] if rc["median"] else 0.0)
+    ratio_noise = (ratio or 0.0) * rel if known else None
+    return {"value": ratio, "noise": ratio_noise, "gap": gap(None if ratio is None else ratio - 1, ratio_noise),
+            "goal": GOAL["cpu_ratio"], "verdict": judge(ratio, GOAL["cpu_ratio"], ratio_noise)}
+
+
+def serving_cpu_s(contender: str, by_process: dict[str, float]) -> float:
+    """CPU seconds of the processes that carry requests: all of the plain server's; Ray's
+    RAY_SERVING_PATH."""
+    if contender != "ray":
+        return sum(by_process.values())
+    return sum(v for k, v in by_process.items() if k.startswith(RAY_SERVING_PATH))
+
+
 def compare(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """Per concurrency, from every run (``contender``, ``round``, ``concurrency`` and the
     FIGURES): each contender's spread of each figure, the added TTFT p50 and the CPU ratio
@@ -115,7 +148,7 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for c in sorted({r["concurrency"] for r in runs}):
         here = {k: [r for r in runs if r["concurrency"] == c and r["contender"] == k]
                 for k in CONTENDERS}
-        entry: dict[str, Any] = {k: {f: spread(r[f] for r in rs) for f in FIGURES}
+        entry: dict[str, Any] = {k: {f: spread(r.get(f) for r in rs) for f in FIGURES}
                                  for k, rs in here.items()}
         entry["rounds"] = {k: len(rs) for k, rs in here.items()}
         plain, ray = entry["plain"], entry["ray"]
@@ -127,22 +160,34 @@ def compare(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "value": added, "noise": ttft_noise, "gap": gap(added, ttft_noise),
             "goal": GOAL["added_ttft_ms_p50"],
             "verdict": judge(added, GOAL["added_ttft_ms_p50"], ttft_noise)}
-        pc, rc = plain["cpu_ms_per_token"], ray["cpu_ms_per_token"]
-        cpu_ratio = (rc["median"] / pc["median"]) if pc["median"] and rc["median"] is not None \
-            else None
-        # Relative noise of each side, as a ratio's: ratio × (half-range / median summed).
-        rel = (noise(pc, {"min": None, "max": None}) / pc["median"] if pc["median"] else 0.0) + \
-              (noise(rc, {"min": None, "max": None}) / rc["median"] if rc["median"] else 0.0)
-        ratio_noise = (cpu_ratio or 0.0) * rel if known else None
-        entry["cpu_ratio"] = {
-            "value": cpu_ratio, "noise": ratio_noise, "gap": gap(
-                None if cpu_ratio is None else cpu_ratio - 1, ratio_noise),
-            "goal": GOAL["cpu_ratio"], "verdict": judge(cpu_ratio, GOAL["cpu_ratio"], ratio_noise)}
+        entry["cpu_ratio"] = ratio_verdict(plain["cpu_ms_per_token"], ray["cpu_ms_per_token"], known)
+        entry["serving_cpu_ratio"] = ratio_verdict(plain["serving_cpu_ms_per_token"],
+                                                   ray["serving_cpu_ms_per_token"], known)
         by_c[str(c)] = entry
     verdicts = [e[k]["verdict"] for e in by_c.values() for k in ("added_ttft_ms_p50", "cpu_ratio")]
     overall = ("not met" if "not met" in verdicts else
                "unclear" if any(v != "met" for v in verdicts) else "met")
     return {"by_concurrency": by_c, "verdict": overall}
+
+
+def idle_summary(idle: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Each contender's idle CPU (core-seconds per second) over rounds, and every reading."""
+    return {"cpu_s_per_s": {k: spread(r["cpu_s_per_s"] for r in idle if r["contender"] == k)
+                            for k in CONTENDERS}, "readings": list(idle)}
+
+
+def idle_share(doc: dict[str, Any], c: str) -> float | None:
+    """The share of Ray's extra CPU per token at concurrency ``c`` that its extra idle CPU
+    explains: (idle ray - idle plain) x run time / (run CPU ray - run CPU plain), medians."""
+    idle = doc.get("idle", {}).get("cpu_s_per_s", {})
+    runs = [r for r in doc["runs"] if str(r["concurrency"]) == c]
+    med = lambda k, f: spread(r[f] for r in runs if r["contender"] == k)["median"]  # noqa: E731
+    extra_idle = (idle.get("ray", {}).get("median") or 0.0) - (idle.get("plain", {}).get("median") or 0.0)
+    extra_run = (med("ray", "frontend_cpu_s") or 0.0) - (med("plain", "frontend_cpu_s") or 0.0)
+    duration = med("ray", "duration_s")
+    if not idle or extra_run <= 0 or not duration:
+        return None
+    return extra_idle * duration / extra_run
 
 
 def round_order(rounds: int) -> list[list[str]]:
@@ -293,7 +338,7 @@ def measure(contender: Contender, send, template, profile, tokens, concurrency: 
     from concurrent.futures import ThreadPoolExecutor
 
     from options.bench import runner
-    from options.bench.cpu import cpu_used, frontend_cpu_s
+    from options.bench.cpu import cpu_by_role, cpu_used, frontend_cpu_s
     from options.bench.metrics import summarize
     from options.contract import collect
 
@@ -303,9 +348,11 @@ def measure(contender: Contender, send, template, profile, tokens, concurrency: 
                                                      max_tokens=8))), range(burst)))
     before = frontend_cpu_s(contender.root_pid, contender.include_root)
     result = runner.run(profile, send, template, None, tokens)
-    after = frontend_cpu_s(contender.root_pid, contender.include_root)
+    roles: dict[int, str] = {}
+    after = frontend_cpu_s(contender.root_pid, contender.include_root, roles)
     s = summarize(result.records, result.duration_s)
     cpu_s = cpu_used(before, after)
+    by_process = cpu_by_role(before, after, roles)
     return {"contender": contender.name, "concurrency": concurrency,
             "requests": profile.requests, "completed": s.completed, "errors": s.errors,
             "output_tokens": s.output_tokens, "duration_s": s.duration_s,
@@ -314,7 +361,27 @@ def measure(contender: Contender, send, template, profile, tokens, concurrency: 
             "output_tokens_per_second": s.output_tokens_per_second,
             "frontend_cpu_s": cpu_s,
             "cpu_ms_per_token": 1000 * cpu_s / s.output_tokens if s.output_tokens else None,
+            "cpu_s_by_process": {k: round(v, 3) for k, v in by_process.items()},
+            "serving_cpu_ms_per_token": (1000 * serving_cpu_s(contender.name, by_process) / s.output_tokens
+                                         if s.output_tokens else None),
             "started_at": result.started_at}
+
+
+def measure_idle(contender: Contender, seconds: float | None = None) -> dict[str, Any]:
+    """Front-end CPU with no request in flight for ``seconds`` (IDLE_S): what the contender
+    costs to keep up (for Ray: the GCS, raylet and agents, the Serve controller, the proxy
+    and the replicas' own loops), per second and by process."""
+    from options.bench.cpu import cpu_by_role, frontend_cpu_s
+
+    seconds = seconds or IDLE_S
+    before = frontend_cpu_s(contender.root_pid, contender.include_root)
+    time.sleep(seconds)
+    roles: dict[int, str] = {}
+    after = frontend_cpu_s(contender.root_pid, contender.include_root, roles)
+    by_role = cpu_by_role(before, after, roles)
+    return {"contender": contender.name, "seconds": seconds,
+            "cpu_s_per_s": sum(by_role.values()) / seconds,
+            "cpu_s_by_process": {k: round(v, 3) for k, v in by_role.items()}}
 
 
 def loadavg() -> list[float] | None:
@@ -376,6 +443,7 @@ def bench_ray_hop(args, console) -> int:
     started_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     load_before = loadavg()
     runs: list[dict[str, Any]] = []
+    idle: list[dict[str, Any]] = []
     with local_server_env(5, args.model, args.option) as (env, what):
         model, settings = engine_settings(env)
         settings.setdefault("VLLM_CPU_KVCACHE_SPACE", _kv_cache_default())
@@ -394,6 +462,7 @@ def bench_ray_hop(args, console) -> int:
                     ok, tokens = warm_up_and_calibrate(args, send, template, console, args.seed)
                     if not ok:
                         return 1
+                    idle.append({**measure_idle(contender), "round": n})
                     for c in concurrencies:
                         row = measure(contender, send, template, profiles[c], tokens, c)
                         row.update(round=n, ready_s=ready_s)
@@ -412,7 +481,7 @@ def bench_ray_hop(args, console) -> int:
                         "seed": args.seed, "cpus": os.cpu_count(),
                         "ray_ingress_replicas": args.ray_ingress_replicas,
                         "ray_proxy": args.ray_proxy},
-           "goal": GOAL, **compare(runs), "runs": runs}
+           "goal": GOAL, **compare(runs), "idle": idle_summary(idle), "runs": runs}
     if args.json:
         report.write_json(doc, args.json)
     if args.json != "-":
@@ -460,14 +529,30 @@ def render_table(doc: dict[str, Any]):
                       band(f["cpu_ms_per_token"], "{:.3f}"))
     v = Table(title=f"against the goal (≤ {GOAL['added_ttft_ms_p50']:g} ms TTFT p50 added, "
                     f"≤ {GOAL['cpu_ratio']:g}× CPU per token): {doc['verdict']}")
-    for col in ("conc", "TTFT p50 added ms", "noise", "gap", "verdict", "CPU ratio",
-                "noise", "gap", "verdict"):
+    for col in ("conc", "TTFT p50 added ms", "noise", "verdict", "CPU ratio", "noise", "verdict",
+                "serving path", "noise", "verdict"):
         v.add_column(col, justify="right")
     for c, e in doc["by_concurrency"].items():
         a, r = e["added_ttft_ms_p50"], e["cpu_ratio"]
-        v.add_row(c, _f(a["value"], "{:+.1f}"), _f(a["noise"], "±{:.1f}"), a["gap"], a["verdict"],
-                  _f(r["value"], "{:.2f}×"), _f(r["noise"], "±{:.2f}"), r["gap"], r["verdict"])
-    return Group(t, v)
+        p = e.get("serving_cpu_ratio") or {"value": None, "noise": None, "verdict": "-"}
+        v.add_row(c, _f(a["value"], "{:+.1f}"), _f(a["noise"], "±{:.1f}"), a["verdict"],
+                  _f(r["value"], "{:.2f}×"), _f(r["noise"], "±{:.2f}"), r["verdict"],
+                  _f(p["value"], "{:.2f}×"), _f(p["noise"], "±{:.2f}"), p["verdict"])
+    parts = [t, v]
+    idle = doc.get("idle", {}).get("cpu_s_per_s")
+    if idle:
+        lines = ["idle (no request, once a round): " + ", ".join(
+            f"{k} {band({m: (None if x is None else 1000 * x) for m, x in idle[k].items()}, '{:.0f}')} "
+            "ms CPU/s" for k in CONTENDERS if k in idle)]
+        for c in doc["by_concurrency"]:
+            share = idle_share(doc, c)
+            ray_runs = [r for r in doc["runs"] if str(r["concurrency"]) == c and r["contender"] == "ray"]
+            top = ray_runs[-1].get("cpu_s_by_process", {}) if ray_runs else {}
+            lines.append(f"c={c}: Ray's extra idle CPU is {_f(None if share is None else 100 * share, '{:.0f}')} % "
+                         "of its extra CPU in the run; its CPU by process (last round): "
+                         + ", ".join(f"{k} {v:.1f} s" for k, v in list(top.items())[:5]))
+        parts.append("\n".join(lines))
+    return Group(*parts)
 
 
 if __name__ == "__main__":

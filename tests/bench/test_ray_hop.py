@@ -4,6 +4,7 @@ alternated order, the front-end CPU that leaves vLLM's engine processes out, and
 The measurement itself on the test run's Ray: tests/ray_serve/test_ray_hop_on_ray.py."""
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -75,29 +76,76 @@ def test_the_ray_application_gets_the_level5_servers_model_and_engine_settings()
                                           "VLLM_CPU_KVCACHE_SPACE": "1"}
 
 
+@contextlib.contextmanager
+def busy_tree(bash_line: str):
+    """A bash running ``bash_line``; yields (its pid, each process's CPU seconds 1.5 s apart
+    as (before, after, roles)); the whole tree is killed after."""
+    import psutil
+
+    parent = subprocess.Popen(["bash", "-c", bash_line])
+    try:
+        before = frontend_cpu_s(parent.pid)
+        time.sleep(1.5)
+        roles: dict[int, str] = {}
+        yield parent.pid, (before, frontend_cpu_s(parent.pid, roles=roles), roles)
+    finally:
+        for child in psutil.Process(parent.pid).children(recursive=True):
+            child.kill()
+        parent.kill()
+        parent.wait()
+
+
 BURN = "import time\nt = time.process_time()\nwhile time.process_time() - t < {s}: pass\n" \
        "time.sleep(30)"
 
 
 def test_front_end_cpu_leaves_the_engine_processes_out():
     """A tree of two busy children, one titled as vLLM's engine core: only the other counts."""
-    parent = subprocess.Popen(
-        ["bash", "-c", f"(exec -a VLLM::EngineCore {sys.executable} -c '{BURN.format(s=0.6)}') & "
-                       f"{sys.executable} -c '{BURN.format(s=0.3)}' & wait"])
-    try:
-        before = frontend_cpu_s(parent.pid)
-        time.sleep(1.5)
-        after = frontend_cpu_s(parent.pid)
+    with busy_tree(f"(exec -a VLLM::EngineCore {sys.executable} -c '{BURN.format(s=0.6)}') & "
+                   f"{sys.executable} -c '{BURN.format(s=0.3)}' & wait") as (pid, (before, after, _)):
         used = cpu_used(before, after)
         assert 0.2 <= used <= 0.5, used          # the 0.3 s child, not the engine's 0.6 s
         assert len(after) == 2                   # bash and the plain child
-        assert len(frontend_cpu_s(parent.pid, include_root=False)) == 1
-    finally:
-        import psutil
-        for child in psutil.Process(parent.pid).children(recursive=True):
-            child.kill()
-        parent.kill()
-        parent.wait()
+        assert len(frontend_cpu_s(pid, include_root=False)) == 1
+
+
+def test_front_end_cpu_is_split_by_what_each_process_is(tmp_path):
+    """Ray's worker titles, a script's name and a module's: each process's CPU under its role."""
+    from options.bench.cpu import cpu_by_role
+
+    script = tmp_path / "agent.py"
+    script.write_text(BURN.format(s=0.3))
+    with busy_tree(f"(exec -a 'ray::IDLE' {sys.executable} -c '{BURN.format(s=0.3)}') & "
+                   f"{sys.executable} {script} & {sys.executable} -m http.server 0 & wait") as (_, reading):
+        by_role = cpu_by_role(*reading)
+        assert set(by_role) == {"bash", "ray::IDLE", "agent.py", "http.server"}, by_role
+        assert 0.2 <= by_role["ray::IDLE"] <= 0.5 and 0.2 <= by_role["agent.py"] <= 0.5, by_role
+        assert sum(by_role.values()) == pytest.approx(cpu_used(*reading[:2]))
+        assert list(by_role)[0] in ("ray::IDLE", "agent.py")      # the largest first
+
+
+def test_the_serving_path_leaves_ray_s_control_plane_out():
+    by_process = {"ray::ServeReplica:llm:engine": 2.0, "haproxy": 0.1, "ray::ProxyActor": 0.05,
+                  "ray::ServeController": 0.3, "gcs_server": 0.1, "raylet": 0.05, "log_monitor.py": 0.05}
+    assert ray_hop.serving_cpu_s("ray", by_process) == pytest.approx(2.15)
+    assert ray_hop.serving_cpu_s("plain", {"gunicorn: worker [byo-vllm]": 2.0, "python": 0.1}) == \
+        pytest.approx(2.1)
+    runs = _runs(1, plain=[(10, 1.0), (10, 1.0)], ray=[(11, 1.5), (11, 1.5)])
+    for r in runs:
+        r["serving_cpu_ms_per_token"] = 1.0 if r["contender"] == "plain" else 1.05
+    e = ray_hop.compare(runs)["by_concurrency"]["1"]
+    assert e["cpu_ratio"]["verdict"] == "not met" and e["serving_cpu_ratio"]["verdict"] == "met"
+    assert e["serving_cpu_ratio"]["value"] == pytest.approx(1.05)
+
+
+def test_the_idle_share_is_ray_s_extra_idle_cpu_over_its_extra_run_cpu():
+    runs = [{"contender": k, "concurrency": 8, "round": 1, "frontend_cpu_s": cpu, "duration_s": 10.0}
+            for k, cpu in (("plain", 1.0), ("ray", 3.0))]
+    idle = ray_hop.idle_summary([{"contender": "plain", "cpu_s_per_s": 0.01, "round": 1},
+                                 {"contender": "ray", "cpu_s_per_s": 0.11, "round": 1}])
+    doc = {"runs": runs, "idle": idle}
+    assert ray_hop.idle_share(doc, "8") == pytest.approx(0.1 * 10 / 2)
+    assert ray_hop.idle_share({"runs": runs}, "8") is None           # a document without idle readings
 
 
 @pytest.mark.parametrize("extra", [["--adapters", "a1"], ["--profile", "agent"],

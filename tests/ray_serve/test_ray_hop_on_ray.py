@@ -33,6 +33,12 @@ def test_one_short_run_on_the_ray_application_measures_every_figure(byo_ray_app)
     assert row["ttft_ms_p50"] > 0 and row["tpot_ms_p50"] > 0
     assert row["output_tokens_per_second"] > 0
     assert row["cpu_ms_per_token"] > 0           # the proxy, ingress and engine replicas worked
+    by_process = row["cpu_s_by_process"]
+    assert any(k.startswith("ray::ServeReplica") for k in by_process), by_process
+    assert {"raylet", "gcs_server"} <= set(by_process), by_process
+    assert sum(by_process.values()) == pytest.approx(row["frontend_cpu_s"], abs=0.01)
+    idle = ray_hop.measure_idle(ray, 2.0)      # nothing in flight: what the cluster costs to keep up
+    assert idle["cpu_s_per_s"] >= 0 and "raylet" in idle["cpu_s_by_process"]
 
     tree = psutil.Process(os.getpid()).children(recursive=True)
     engines = set()
