@@ -144,6 +144,12 @@ class CapacityModel:
         batch = max(batch, 1.0)
         return 1.0 / _dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
 
+    def with_step_speed(self, factor: float, source: str | None = None) -> "CapacityModel":
+        """The same server with every step ``factor`` times as fast (its saturated rate times
+        ``factor``); the per-request overhead and the limits unchanged."""
+        return replace(self, **{k: getattr(self, k) / factor for k in COEFFICIENTS if k != "request_overhead_s"},
+                       source=source or f"{self.source}, steps x{factor:g} as fast")
+
     def describe(self) -> str:
         """One line for tables: the coefficients in readable units and the limits."""
         return (f"step {self.step_base_s * 1e3:.3g} ms + {self.step_per_seq_s * 1e3:.3g} ms/seq + "
@@ -207,10 +213,8 @@ class CapacityModel:
         if not (_is_number(output_tok_s) and math.isfinite(output_tok_s) and output_tok_s > 0):
             raise BadInput(f"{origin}: output tok/s {output_tok_s!r} must be a number > 0")
         shape = cls(**GPU_DEFAULTS, source="shape")
-        scale = shape.saturated_output_tok_s(CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS) / output_tok_s
-        scaled = {k: v * scale if k in COEFFICIENTS and k != "request_overhead_s" else v
-                  for k, v in GPU_DEFAULTS.items()}
-        return cls(**scaled, source=(
+        factor = output_tok_s / shape.saturated_output_tok_s(CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS)
+        return shape.with_step_speed(factor, source=(
             f"{origin}: {output_tok_s:,.0f} output tok/s at saturation for {CHAT_INPUT_TOKENS:,} in / "
             f"{CHAT_OUTPUT_TOKENS} out, with defaults for a GPU replica (max_num_seqs "
             f"{GPU_DEFAULTS['max_num_seqs']}, max_num_batched_tokens {GPU_DEFAULTS['max_num_batched_tokens']:,}, "

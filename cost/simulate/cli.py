@@ -409,6 +409,9 @@ def read_replay(path: Path) -> dict[str, Any]:
     return replay
 
 
+SENSITIVITY = 0.05      # --predict-replay also predicts at capacity ±5 %
+
+
 def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
     """(the prediction beside the measurement, per-request predicted and measured milliseconds)."""
     import numpy as np
@@ -417,13 +420,26 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
     from cost.simulate.scaling import Fixed
 
     trace = replay_trace(replay["spec"])
-    run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, capacity, Fixed(1),
-                    span_s=trace.span_s, seed=seed)
-    served = run.status == SERVED
-    ttft = np.where(served, run.first_token_s - trace.arrival_s, np.nan) * 1000
-    e2e = np.where(served, run.finish_s - trace.arrival_s, np.nan) * 1000
+
+    def latencies_ms(model):
+        run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, model, Fixed(1),
+                        span_s=trace.span_s, seed=seed)
+        served = run.status == SERVED
+        return (np.where(served, run.first_token_s - trace.arrival_s, np.nan) * 1000,
+                np.where(served, run.finish_s - trace.arrival_s, np.nan) * 1000)
+
+    ttft, e2e = latencies_ms(capacity)
     predicted = {"ttft_ms": _stats_ms(ttft / 1000), "e2e_ms": _stats_ms(e2e / 1000)}
     measured = {k: {s: replay["summary"].get(k, {}).get(s) for s in STATS} for k in ("ttft_ms", "e2e_ms")}
+    # How much the prediction moves if the server is SENSITIVITY faster or slower than its model:
+    # little far below capacity, a lot near it, where a few per cent decide whether a queue grows.
+    band = {}
+    for side, factor in (("slower", 1 - SENSITIVITY), ("faster", 1 + SENSITIVITY)):
+        t, e = latencies_ms(capacity.with_step_speed(factor))
+        band[side] = {"ttft_ms": _stats_ms(t / 1000), "e2e_ms": _stats_ms(e / 1000)}
+    within = {k: {s: (None if measured[k][s] is None or band["slower"][k][s] is None else
+                      min(band["faster"][k][s], band["slower"][k][s]) <= measured[k][s]
+                      <= max(band["faster"][k][s], band["slower"][k][s])) for s in STATS} for k in predicted}
     ratio = {k: {s: (round(predicted[k][s] / measured[k][s], 3) if measured[k][s] and predicted[k][s] is not None
                      else None) for s in STATS} for k in predicted}
     ok = [r for r in replay.get("requests", []) if r.get("status") == "ok"]
@@ -433,6 +449,8 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
     doc = {"replay": str(path), "requests": len(trace), "load": replay["spec"].get("load"),
            "time_scale": replay["spec"].get("time_scale"),
            "predicted": predicted, "measured": measured, "ratio": ratio,
+           "sensitivity": {"capacity_change": SENSITIVITY, "predicted_slower": band["slower"],
+                           "predicted_faster": band["faster"], "measured_within": within},
            "offered_output_tok_s": replay["summary"].get("offered_output_tok_s"),
            "measured_output_tok_s": replay["summary"].get("throughput_tok_s"),
            "saturated_output_tok_s": round(capacity.saturated_output_tok_s(float(trace.input_tokens.mean()),
@@ -596,13 +614,22 @@ def render_prediction(data: dict[str, Any]) -> None:
     for doc in data.get("replays", [data]):
         load = f", offered {doc['load']:g} of capacity" if doc.get("load") else ""
         table = Table(title=f"Predicted vs measured: {doc['replay']} ({doc['requests']:,} requests{load})")
-        for col in ("metric", "stat", "predicted ms", "measured ms", "ratio"):
+        band = doc.get("sensitivity")
+        cols = ("metric", "stat", "predicted ms", "measured ms", "ratio")
+        if band:
+            cols += (f"capacity ±{band['capacity_change']:.0%}", "measured in it")
+        for col in cols:
             table.add_column(col, justify="right" if col not in ("metric", "stat") else "left")
         for metric in ("ttft_ms", "e2e_ms"):
             for s in STATS:
                 r = doc["ratio"][metric][s]
-                table.add_row(metric.replace("_ms", "").upper(), s, _ms(doc["predicted"][metric][s]),
-                              _ms(doc["measured"][metric][s]), "—" if r is None else f"{r:.2f}")
+                row = [metric.replace("_ms", "").upper(), s, _ms(doc["predicted"][metric][s]),
+                       _ms(doc["measured"][metric][s]), "—" if r is None else f"{r:.2f}"]
+                if band:
+                    fast, slow = band["predicted_faster"][metric][s], band["predicted_slower"][metric][s]
+                    inside = band["measured_within"][metric][s]
+                    row += [f"{_ms(fast)} – {_ms(slow)}", "—" if inside is None else "yes" if inside else "no"]
+                table.add_row(*row)
         console.print(table)
     if data.get("plot"):
         console.print(f"plot: {data['plot']}", highlight=False)

@@ -68,8 +68,10 @@ def validation(tiny_model, tmp_path_factory):
         {load: {**r["prediction"], "replay_summary": r["replay"]["summary"]} for load, r in results.items()}, indent=2))
     for load, r in results.items():
         p = r["prediction"]
+        band = p["sensitivity"]
         print(f"load {load}: " + "; ".join(f"{m} {s} predicted {p['predicted'][m][s]} measured "
-                                           f"{p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]}"
+                                           f"{p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]} (capacity "
+                                           f"±5 %: {band['predicted_faster'][m][s]}-{band['predicted_slower'][m][s]})"
                                            for m in ("ttft_ms", "e2e_ms") for s in ("p50", "p99")))
     return results
 

@@ -359,3 +359,23 @@ def test_predict_replay_defaults_to_the_capacity_file_each_replay_was_paced_from
     assert [d["capacity"]["source"].split(":")[0] for d in docs] == ["test 800", "test 3000"]
     # The slower replica queues more of the same minute of traffic.
     assert docs[0]["predicted"]["e2e_ms"]["p99"] > docs[1]["predicted"]["e2e_ms"]["p99"]
+    # Each prediction is bracketed by the same server 5 % faster and 5 % slower.
+    for d in docs:
+        band = d["sensitivity"]
+        assert band["capacity_change"] == 0.05
+        for metric in ("ttft_ms", "e2e_ms"):
+            assert band["predicted_faster"][metric]["p99"] <= d["predicted"][metric]["p99"] \
+                <= band["predicted_slower"][metric]["p99"]
+            measured = d["measured"][metric]["p50"]
+            low, high = sorted((band["predicted_faster"][metric]["p50"], band["predicted_slower"][metric]["p50"]))
+            assert band["measured_within"][metric]["p50"] == (low <= measured <= high)
+
+
+def test_a_faster_step_model_is_the_same_server_scaled():
+    from cost.simulate.capacity import CapacityModel
+
+    base = CapacityModel.from_throughput(1500.0, "test")
+    faster = base.with_step_speed(1.05)
+    assert faster.saturated_output_tok_s(1000, 200) == pytest.approx(1.05 * 1500.0)
+    assert faster.request_overhead_s == base.request_overhead_s and faster.max_num_seqs == base.max_num_seqs
+    assert base.saturated_output_tok_s(1000, 200) == pytest.approx(1500.0)
