@@ -147,16 +147,23 @@ def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
                                                                            "the simulator's search)"})
 
 
+ROUTING_WORDS = {"random": "at random", "least_outstanding": "to the replica with the fewest outstanding requests",
+                 "power_of_two": "by Ray Serve's power of two choices"}
+
+
 def routing_text(args) -> str:
-    """How the simulated fleets routed requests, in words (rungs.Simulation.routing_for)."""
+    """How the simulated fleets routed requests, in words (rungs.routing_for decides)."""
+    from cost.simulate.rungs import EKS_LEVEL, routing_for
+
     if args.routing:
-        return args.routing.replace("_", " ") + " on every self-hosted rung"
-    sagemaker = ("to the copy with the fewest outstanding requests on SageMaker (inference components, "
-                 "LEAST_OUTSTANDING_REQUESTS as options.deploy sets it)" if args.scale_to_zero else
-                 "at random on SageMaker (its default)")
-    rung6 = ("by Ray Serve's power of two choices on rung 6 (the fewer outstanding of two replicas drawn at "
-             "random)" if args.rung6_autoscaler == "ray-serve" else "at random on rung 6 (the pods' Service)")
-    return f"{sagemaker}, {rung6}"
+        return f"{ROUTING_WORDS[args.routing]} on every self-hosted rung"
+    sagemaker, rung6 = (routing_for(level, None, args.rung6_autoscaler, args.scale_to_zero)
+                        for level in (2, EKS_LEVEL))
+    why_sagemaker = ("inference components: LEAST_OUTSTANDING_REQUESTS, as options.deploy sets it"
+                     if args.scale_to_zero else "its default")
+    why_rung6 = ("the fewer outstanding of two replicas drawn at random" if rung6 == "power_of_two"
+                 else "the pods' Service")
+    return f"{ROUTING_WORDS[sagemaker]} on SageMaker ({why_sagemaker}), {ROUTING_WORDS[rung6]} on rung 6 ({why_rung6})"
 
 
 def bedrock_forms(args, levels: tuple[int, ...]):

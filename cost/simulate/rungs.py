@@ -79,6 +79,18 @@ class Slo:
         return {"ttft_ms": self.ttft_ms, "e2e_ms": self.e2e_ms, "attainment": self.attainment}
 
 
+def routing_for(level: int, asked: str | None, rung6_autoscaler: str, scale_to_zero: bool) -> str:
+    """The router of ``level``'s fleet: the one asked for, else what the deployed platform
+    does: on rung 6 Ray Serve's power of two choices (scaled by Serve) or the Service's random
+    pick (the HPA); on SageMaker its default random, except inference components
+    (--scale-to-zero), which options.deploy gives LEAST_OUTSTANDING_REQUESTS."""
+    if asked:
+        return asked
+    if level == EKS_LEVEL:
+        return "power_of_two" if rung6_autoscaler == "ray-serve" else "random"
+    return "least_outstanding" if scale_to_zero else "random"
+
+
 @dataclass
 class Setup:
     """What every rung's simulation needs besides the trace."""
@@ -169,15 +181,7 @@ class Simulation:
     # --- one self-hosted fleet --------------------------------------------------------------
 
     def routing_for(self, level: int) -> str:
-        """The router of ``level``'s fleet: the one asked for, else what the deployed platform
-        does: on rung 6 Ray Serve's power of two choices (scaled by Serve) or the Service's
-        random pick (the HPA); on SageMaker its default random, except inference components
-        (--scale-to-zero), which options.deploy gives LEAST_OUTSTANDING_REQUESTS."""
-        if self.setup.routing:
-            return self.setup.routing
-        if level == EKS_LEVEL:
-            return "power_of_two" if self.setup.rung6_autoscaler == "ray-serve" else "random"
-        return "least_outstanding" if self.setup.scale_to_zero else "random"
+        return routing_for(level, self.setup.routing, self.setup.rung6_autoscaler, self.setup.scale_to_zero)
 
     def run_policy(self, level: int, policy) -> dict[str, Any]:
         key = (level if level == EKS_LEVEL else "sagemaker", id(self.setup.capacity[level]),

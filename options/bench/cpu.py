@@ -5,14 +5,18 @@ cost the same whatever serves in front of them.
     before = frontend_cpu_s(server_pid)
     ...load...
     cpu_s = cpu_used(before, frontend_cpu_s(server_pid))
-    # or, by what each process is: cpu_by_role(before, after, roles) with frontend_cpu_s(..., roles)
+
+    with cpu_by_process(server_pid) as by_process:   # or by what each process is
+        ...load...
 
 Used by ``containers/byo-vllm/bench/run.py`` (this server against vLLM's own) and by the
 bench's Ray hop (``options/bench/ray_hop.py``: a local Ray cluster against the plain server).
 """
 from __future__ import annotations
 
+import contextlib
 import os
+from typing import Iterator
 
 # What vLLM titles its engine processes (the kernel's 15-character comm cuts the first short).
 ENGINE_PROCESS_TITLES = ("VLLM::EngineCore", "VLLM::Worker", "VLLM::EngineCor")
@@ -81,3 +85,14 @@ def cpu_by_role(before: dict[int, float], after: dict[int, float], roles: dict[i
         role = roles.get(pid, "?")
         out[role] = out.get(role, 0.0) + max(0.0, t - before.get(pid, 0.0))
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
+@contextlib.contextmanager
+def cpu_by_process(root_pid: int, include_root: bool = True) -> Iterator[dict[str, float]]:
+    """Yields a dict that, once the block ends, holds ``cpu_by_role`` over the block."""
+    out: dict[str, float] = {}
+    before = frontend_cpu_s(root_pid, include_root)
+    yield out
+    roles: dict[int, str] = {}
+    after = frontend_cpu_s(root_pid, include_root, roles)
+    out.update(cpu_by_role(before, after, roles))

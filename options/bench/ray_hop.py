@@ -338,7 +338,7 @@ def measure(contender: Contender, send, template, profile, tokens, concurrency: 
     from concurrent.futures import ThreadPoolExecutor
 
     from options.bench import runner
-    from options.bench.cpu import cpu_by_role, cpu_used, frontend_cpu_s
+    from options.bench.cpu import cpu_by_process
     from options.bench.metrics import summarize
     from options.contract import collect
 
@@ -346,13 +346,10 @@ def measure(contender: Contender, send, template, profile, tokens, concurrency: 
     with ThreadPoolExecutor(burst) as pool:     # unmeasured: every path warm at this width
         list(pool.map(lambda i: collect(send(replace(template, prompt=f"warm-up {i}",
                                                      max_tokens=8))), range(burst)))
-    before = frontend_cpu_s(contender.root_pid, contender.include_root)
-    result = runner.run(profile, send, template, None, tokens)
-    roles: dict[int, str] = {}
-    after = frontend_cpu_s(contender.root_pid, contender.include_root, roles)
+    with cpu_by_process(contender.root_pid, contender.include_root) as by_process:
+        result = runner.run(profile, send, template, None, tokens)
     s = summarize(result.records, result.duration_s)
-    cpu_s = cpu_used(before, after)
-    by_process = cpu_by_role(before, after, roles)
+    cpu_s = sum(by_process.values())
     return {"contender": contender.name, "concurrency": concurrency,
             "requests": profile.requests, "completed": s.completed, "errors": s.errors,
             "output_tokens": s.output_tokens, "duration_s": s.duration_s,
@@ -371,14 +368,11 @@ def measure_idle(contender: Contender, seconds: float | None = None) -> dict[str
     """Front-end CPU with no request in flight for ``seconds`` (IDLE_S): what the contender
     costs to keep up (for Ray: the GCS, raylet and agents, the Serve controller, the proxy
     and the replicas' own loops), per second and by process."""
-    from options.bench.cpu import cpu_by_role, frontend_cpu_s
+    from options.bench.cpu import cpu_by_process
 
     seconds = seconds or IDLE_S
-    before = frontend_cpu_s(contender.root_pid, contender.include_root)
-    time.sleep(seconds)
-    roles: dict[int, str] = {}
-    after = frontend_cpu_s(contender.root_pid, contender.include_root, roles)
-    by_role = cpu_by_role(before, after, roles)
+    with cpu_by_process(contender.root_pid, contender.include_root) as by_role:
+        time.sleep(seconds)
     return {"contender": contender.name, "seconds": seconds,
             "cpu_s_per_s": sum(by_role.values()) / seconds,
             "cpu_s_by_process": {k: round(v, 3) for k, v in by_role.items()}}
