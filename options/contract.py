@@ -51,9 +51,11 @@ class Usage:
 class Timings:
     """Client-side timings, as vLLM's ``vllm bench serve`` defines them.
 
-    ``ttft_s``: request sent → first chunk with text. ``itl_s``: gaps between chunks with text.
-    ``e2e_s``: request sent → last chunk with text (so ``e2e_s == ttft_s + sum(itl_s)`` for a
-    stream); for a buffered answer, request sent → answer read.
+    ``ttft_s``: request sent → first chunk carrying a token. ``itl_s``: gaps between such chunks.
+    ``e2e_s``: request sent → last such chunk (so ``e2e_s == ttft_s + sum(itl_s)`` for a stream);
+    for a buffered answer, request sent → answer read. A token's chunk counts even when its text
+    is empty (the detokenizer holds back part of a character, or a tiny model's token has no
+    text), as ``vllm bench serve`` counts it: otherwise a stream of such tokens has no timings.
     """
     ttft_s: float | None = None
     e2e_s: float | None = None
@@ -196,7 +198,7 @@ def collect(events: Iterable[StreamEvent], started: float | None = None) -> Resu
     times: list[float] = []
     calls: dict[int, dict[str, str]] = {}
     for ev in events:
-        if ev.kind == "text" and ev.text:
+        if ev.kind == "text":           # a token's chunk, timed even when its text is held back
             text.append(ev.text)
             times.append(ev.t)
         elif ev.kind == "tool_call" and ev.tool is not None:
@@ -283,6 +285,14 @@ class _OpenAI(Dialect):
     def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
         raise NotImplementedError
 
+    def _text_field(self, choice: dict[str, Any]) -> Any:
+        raise NotImplementedError
+
+    def _carries_token(self, choice: dict[str, Any]) -> bool:
+        """A streamed choice with a text field but no text still brought a token, unless it
+        only says the finish reason."""
+        return isinstance(self._text_field(choice), str) and not choice.get("finish_reason")
+
     def result_from_wire(self, body: Any) -> Result:
         choices = body.get("choices") or [{}]
         return Result(self._choice_text(choices[0], False) or "",
@@ -295,7 +305,7 @@ class _OpenAI(Dialect):
         out: list[StreamEvent] = []
         for choice in msg.get("choices") or []:
             text = self._choice_text(choice, True)
-            if text:
+            if text or self._carries_token(choice):
                 out.append(StreamEvent("text", text=text))
             if choice.get("finish_reason"):
                 out.append(StreamEvent("finish",
@@ -322,6 +332,9 @@ class OpenAICompletions(_OpenAI):
 
     def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
         return choice.get("text") or ""
+
+    def _text_field(self, choice: dict[str, Any]) -> Any:
+        return choice.get("text")
 
     def result_to_wire(self, res: Result) -> dict[str, Any]:
         return {"object": "text_completion",
@@ -375,6 +388,9 @@ class OpenAIChat(_OpenAI):
     def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
         part = choice.get("delta" if streaming else "message") or {}
         return _content_text(part.get("content"))
+
+    def _text_field(self, choice: dict[str, Any]) -> Any:
+        return (choice.get("delta") or {}).get("content")
 
     def result_to_wire(self, res: Result) -> dict[str, Any]:
         return {"object": "chat.completion",
@@ -467,8 +483,8 @@ class TgiInputs(Dialect):
             raise StreamError(_error_text(msg["error"]))
         out: list[StreamEvent] = []
         token = msg.get("token")
-        if isinstance(token, dict) and token.get("text") and not token.get("special"):
-            out.append(StreamEvent("text", text=token["text"]))
+        if isinstance(token, dict) and not token.get("special"):
+            out.append(StreamEvent("text", text=token.get("text") or ""))
         details = msg.get("details")
         if details or isinstance(msg.get("usage"), dict):
             usage = self._usage(msg)

@@ -140,8 +140,36 @@ def test_collect_times_match_the_definitions():
            StreamEvent("text", text="b", t=1.75), StreamEvent("text", text="c", t=2.25),
            StreamEvent("usage", usage=Usage(2, 3), t=2.3)]
     res = collect(evs, started=1.0)
-    assert res.timings == Timings(ttft_s=0.5, e2e_s=1.25, itl_s=[0.25, 0.5])
+    # The empty chunk brought a token too (its text held back): it is a step of its own.
+    assert res.text == "abc"
+    assert res.timings.ttft_s == pytest.approx(0.5) and res.timings.e2e_s == pytest.approx(1.25)
+    assert res.timings.itl_s == pytest.approx([0.1, 0.15, 0.5])
     assert res.timings.e2e_s == pytest.approx(res.timings.ttft_s + sum(res.timings.itl_s))
+
+
+@pytest.mark.parametrize("name, token, finish_only", [
+    ("tgi", {"token": {"id": 7, "text": "", "special": False}}, {"token": None, "details": {"finish_reason": "length"}}),
+    ("openai-completions", {"choices": [{"index": 0, "text": "", "finish_reason": None}]},
+     {"choices": [{"index": 0, "text": "", "finish_reason": "length"}]}),
+    ("openai-chat", {"choices": [{"index": 0, "delta": {"content": ""}, "finish_reason": None}]},
+     {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]}),
+])
+def test_a_stream_of_tokens_without_text_still_has_timings(name, token, finish_only):
+    """A tiny model's tokens may all decode to nothing: each chunk still brought a token, so the
+    request has a TTFT and an E2E, not None (vllm bench serve counts such chunks too)."""
+    d = contract.dialect(name)
+    events = [ev.__class__(ev.kind, text=ev.text, tool=ev.tool, usage=ev.usage,
+                           finish_reason=ev.finish_reason, t=1.0 + k)
+              for k, msg in enumerate([token, token, token, finish_only])
+              for ev in d.events_from_wire(msg)]
+    assert [ev.kind for ev in events] == ["text", "text", "text", "finish"]
+    res = collect(events, started=0.5)
+    assert res.text == "" and res.finish_reason == "length"
+    assert res.timings.ttft_s == pytest.approx(0.5) and res.timings.e2e_s == pytest.approx(2.5)
+    assert res.timings.itl_s == pytest.approx([1.0, 1.0])      # the finish-only chunk is no token
+    # A special token (TGI) and a tool call's chunk are not text tokens.
+    if name == "tgi":
+        assert d.events_from_wire({"token": {"id": 2, "text": "</s>", "special": True}}) == []
 
 
 # --- tools (openai-chat only) ---------------------------------------------------------------
