@@ -15,15 +15,12 @@ from gateway_harness import wait_for  # noqa: E402
 from stream_hang_up import assert_hang_up_is_aborted  # noqa: E402  (tests/byo_vllm, by conftest)
 
 pytestmark = pytest.mark.engine
-# The direct application runs vLLM's default CPU mode (compiled), not the default application's
-# eager one: on a CPU with AMX tiles (this machine's kind), vLLM's CPU attention uses them, and
-# in eager mode with no LoRA nothing in the engine's worker process asks the kernel for AMX
-# (Inductor does, torch.cpu._init_amx, when it compiles), so under Ray that worker's first
-# step died of SIGILL ("Fatal Python error: Illegal instruction" in cpu_attention_with_kv_cache,
-# seen with PYTHONFAULTHANDLER=1); the same settings with LoRA, or compiled, serve.
-# Settings of the default application the direct one leaves out: adapters (the direct layout
-# serves none) and eager mode (above).
-NOT_DIRECT = ("LORA", "ADAPTER", "ENFORCE_EAGER")
+# The direct application runs eager with no LoRA: on a CPU with AMX tiles (this machine's kind),
+# that engine's worker, started under Ray, died of SIGILL at its first step until the project's
+# vLLM plugin (byo_vllm.vllm_plugin) asked the kernel for AMX in every engine process; so this
+# application is also that plugin's test. Settings of the default application the direct one
+# leaves out: adapters (the direct layout serves none).
+NOT_DIRECT = ("LORA", "ADAPTER")
 
 ROUTE = "/direct"
 REPLICA_HEADER = "x-spectrum-replica"
