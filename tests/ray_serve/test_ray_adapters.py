@@ -108,3 +108,18 @@ def test_an_unknown_adapter_is_named_in_a_404(byo_ray_app):
                       json={"prompt": PROMPT, "max_tokens": 2})
     assert r.status_code == 400, r.text
     assert "serve_multiplexed_model_id 'a2' and the path's model 'a1' disagree" in r.text
+
+
+def test_registry_changes_are_refused_and_listing_still_answers(byo_ray_app):
+    """POST /models and DELETE /models/<name> would reach one replica of many: a 400 saying how
+    adapters are added on Ray, and nothing changed (a1 still answers)."""
+    url = byo_ray_app["url"]
+    r = requests.post(url + "/models", json={"model_name": "a4", "url": "/tmp/a4"}, timeout=60)
+    assert r.status_code == 400, r.text
+    assert "POST /models" in r.json()["error"]["message"] and "--adapter" in r.text
+    r = requests.delete(url + "/models/a1", timeout=60)
+    assert r.status_code == 400 and "DELETE /models/a1" in r.text, r.text
+    listed = requests.get(url + "/models", timeout=60)
+    assert listed.status_code == 200, listed.text
+    assert {m["modelName"] for m in listed.json()["models"]} >= set(ADAPTERS), listed.text
+    assert complete(byo_ray_app, "a1")["model"] == "a1"

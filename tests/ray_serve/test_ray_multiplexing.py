@@ -114,3 +114,18 @@ def test_an_eviction_by_serve_runs_once_after_the_running_requests(setup):
         assert len(engine.removed) == removed
         assert await registry.evict("unknown") is False
     asyncio.run(go())
+
+
+@pytest.mark.parametrize("method, path, refused", [
+    ("POST", "/models", True), ("POST", "/models/", True), ("DELETE", "/models/a1", True),
+    ("GET", "/models", False), ("GET", "/models/a1", False), ("POST", "/models/a1/invoke", False),
+    ("POST", "/v1/completions", False), ("DELETE", "/models/a1/invoke", False),
+])
+def test_only_the_routes_that_change_one_replicas_adapters_are_refused(method, path, refused):
+    from byo_vllm.ray_serve import replica_local_change
+
+    error = replica_local_change(scope(path, method=method))
+    assert (error is not None) == refused
+    if refused:
+        assert error.status == 400 and f"{method} {path}" in str(error)
+        assert "SPECTRUM_SERVER_ADAPTERS_DIR" in str(error) and "--adapter" in str(error)

@@ -27,7 +27,9 @@ and the HPA.
   engine replica's ``@serve.multiplexed(max_num_models_per_replica=N)`` loader loads it into
   the engine's adapter registry (its single-flight loads, pinning and guarded sources), and
   Serve's LRU evicts through the registry too, so ``/metrics`` counts both
-  (``byo_adapter_loads``, ``byo_adapter_evictions``).
+  (``byo_adapter_loads``, ``byo_adapter_evictions``). The adapters are the application's
+  (its adapters folder): ``POST /models`` and ``DELETE /models/<name>``, which would change one
+  replica's registry of many, get a 400 saying so (``replica_local_change``).
 - ``build_app(args)`` is the builder a serve config names
   (``import_path: byo_vllm.ray_serve:build_app``); ``args`` are checked here, each problem
   named with the value and what would be right.
@@ -308,16 +310,16 @@ class EngineServer:
         the stream (the client went away) tells the App the client disconnected and stops
         it, which aborts the request in the engine. The request's multiplexed model id (the
         ingress sets it) names its adapter: loaded through Serve's multiplexing first."""
+        refused = replica_local_change(scope)
+        if refused is not None:
+            yield self._tagged(await _error_messages(refused))
+            return
         adapter = serve.get_multiplexed_model_id()
         if adapter and self._load_adapter is not None:
             try:
                 await self._load_adapter(adapter)
             except BadRequest as e:               # unknown, or its files refused: the App's answer
-                batch = await _error_messages(e)
-                for message in batch:
-                    if message["type"] == "http.response.start":
-                        message["headers"] = [*message["headers"], self._replica_header]
-                yield batch
+                yield self._tagged(await _error_messages(e))
                 return
         messages: asyncio.Queue = asyncio.Queue()
         gone = asyncio.Event()
@@ -337,11 +339,8 @@ class EngineServer:
             while (first := await messages.get()) is not None:
                 if answering:        # tokens after the first wait for the next flush
                     await asyncio.sleep(STREAM_FLUSH_S - (loop.time() - last_sent))
-                batch = _drained(first, messages)
-                for message in batch:
-                    if message["type"] == "http.response.start":   # which replica answered
-                        message["headers"] = [*message.get("headers", []), self._replica_header]
-                    answering = answering or bool(message.get("body"))
+                batch = self._tagged(_drained(first, messages))
+                answering = answering or any(message.get("body") for message in batch)
                 yield batch
                 last_sent = loop.time()
             task.result()
@@ -357,6 +356,13 @@ class EngineServer:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+    def _tagged(self, batch: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``batch`` with the replica's header added to its response start (which replica answered)."""
+        for message in batch:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), self._replica_header]
+        return batch
 
     async def __del__(self) -> None:
         lifespan = getattr(self, "lifespan", None)
@@ -425,6 +431,24 @@ class ServedAdapter:
             await self.registry.evict(self.name)
         except Exception as e:  # noqa: BLE001 - the engine stopped first: nothing to free
             log.warning("adapter %s not evicted: %s: %s", self.name, type(e).__name__, e)
+
+
+def replica_local_change(scope: dict[str, Any]) -> BadRequest | None:
+    """A 400 for the routes that change the adapter registry (SageMaker's multi-model contract:
+    ``POST /models``, ``DELETE /models/<name>``). Under Serve such a request reaches one engine
+    replica of many: the others, and every replica started later, would not know of the change,
+    so the answer would depend on where Serve routed each later request."""
+    method, path = scope.get("method"), scope.get("path") or ""
+    if not ((method == "POST" and path.rstrip("/") == "/models")
+            or (method == "DELETE" and path.startswith("/models/") and path.count("/") == 2)):
+        return None
+    return BadRequest(
+        f"{method} {path} would change the adapters of one engine replica of many on Ray Serve, "
+        "and the others would not know: here adapters come from the application's adapters "
+        "folder (SPECTRUM_SERVER_ADAPTERS_DIR in the serve config's settings, filled from "
+        "`options.deploy --adapter NAME=SOURCE`), and each replica loads them as requests ask "
+        "through Serve's multiplexing. To add or remove one, redeploy with the adapters changed; "
+        "GET /models lists them", "path")
 
 
 def _drained(first: dict[str, Any], queue: asyncio.Queue) -> list[dict[str, Any]]:
