@@ -182,8 +182,8 @@ def _number(x: float) -> str:
 def _sagemaker_metric_names() -> dict[str, str]:
     """AWS's predefined metric name -> the short name --autoscale-metric takes, from the simulator's
     own policy (so the two cannot drift apart)."""
-    from cost.simulate.scaling import SAGEMAKER_METRICS, TargetTracking
-    return {TargetTracking(m, 1.0).to_json()["metric"]: m for m in SAGEMAKER_METRICS}
+    from cost.simulate.scaling import SAGEMAKER_METRIC_NAMES
+    return {name: metric for (metric, _), name in SAGEMAKER_METRIC_NAMES.items()}
 
 
 def _slo_text(slo: dict[str, Any]) -> str:
@@ -203,10 +203,13 @@ def policy_text(level: int, policy: dict[str, Any]) -> str:
         return (f"on-demand quota of {policy['tpm']:,.0f} tokens/minute" if policy.get("tpm") else "no quota") \
             + " (Bedrock scales itself; you pay per token)"
     if policy.get("kind") == "sagemaker_target_tracking":
-        unit = ("invocations per instance per minute" if "Invocations" in policy["metric"]
+        scales = policy.get("scales", "instances")
+        per = "copy" if scales == "copies" else "instance"
+        unit = (f"invocations per {per} per minute" if "Invocations" in policy["metric"]
                 else "concurrent requests per model copy")
         return (f"target tracking on {policy['metric']}: {policy['target']:g} {unit}, "
-                f"{policy['min_instances']}-{policy['max_instances']} instances")
+                f"{policy['min_instances']}-{policy['max_instances']} {scales}"
+                + (" (an inference component, one copy per instance)" if scales == "copies" else ""))
     if policy.get("kind") == "hpa_keda_queue_depth":
         return (f"HPA on {policy['metric']}: {policy['target']:g} waiting requests per replica, "
                 f"{policy['min_replicas']}-{policy['max_replicas']} replicas")
@@ -250,17 +253,22 @@ def deploy_command(level: int, policy: dict[str, Any], instance, model_id: str) 
         notes.append("Bedrock creates nothing: the command sends one request; the simulated limit is the "
                      "account's on-demand quota, raised through Service Quotas, not a deploy flag")
     elif level in SAGEMAKER_LEVELS:
-        if policy["min_instances"] < 1:
+        if policy["min_instances"] < 1 and level == 2:
             return {"level": level, "argv": None, "command": None, "plan_command": None,
-                    "notes": ["the simulated policy keeps no instance when idle (--scale-to-zero: inference "
-                              "components at copy count 0), but options.deploy's --autoscale-min bounds a "
-                              "variant, which keeps at least 1: simulate without --scale-to-zero for a "
-                              "command that applies it"]}
+                    "notes": ["the simulated policy keeps no instance when idle (--scale-to-zero: an inference "
+                              "component at copy count 0), which options.deploy builds at levels 3-5 only: "
+                              "level 2 deploys a JumpStart model on the variant, which keeps at least 1"]}
         argv = ["--instance-type", instance.sagemaker_name]
-        if policy["min_instances"] > 1:      # start at the floor, as the simulation did
+        if policy["min_instances"] < 1:      # the component's copies, between 0 and the maximum
+            argv += ["--scale-to-zero"]
+            notes.append("--scale-to-zero: the model runs as an inference component whose copies scale "
+                         "between 0 and --autoscale-max; a NoCapacityInvocationFailures alarm adds the first "
+                         "copy back, and the requests that find none fail, as the simulation counted them")
+        elif policy["min_instances"] > 1:    # start at the floor, as the simulation did
             argv += ["--instance-count", str(policy["min_instances"])]
+        bounds = (["--autoscale-min", str(policy["min_instances"])] if policy["min_instances"] >= 1 else [])
         argv += ["--autoscale-metric", _sagemaker_metric_names()[policy["metric"]],
-                 "--autoscale-min", str(policy["min_instances"]), "--autoscale-max", str(policy["max_instances"]),
+                 *bounds, "--autoscale-max", str(policy["max_instances"]),
                  "--autoscale-target", _number(policy["target"])]
         notes.append("add --model: the model whose capacity the simulation used (level 2: its JumpStart id, "
                      "levels 3-5: a hub id or a local folder)")

@@ -174,6 +174,27 @@ def moto_serves_inference_components() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def moto_scales_inference_components() -> Iterator[None]:
+    """moto 5.2.5's Application Auto Scaling refuses an inference component's copy count as a
+    scalable dimension (``sagemaker:inference-component:DesiredCopyCount``, which AWS documents
+    for --scale-to-zero): add it to the dimensions moto accepts. Everything else about the
+    target and its policies is moto's own."""
+    from enum import Enum
+
+    from moto.applicationautoscaling import models, responses
+
+    original = models.ScalableDimensionValueSet
+    widened = Enum(original.__name__, {**{m.name: m.value for m in original},
+                                       "SAGEMAKER_INFERENCE_COMPONENT_DESIRED_COPY_COUNT":
+                                       "sagemaker:inference-component:DesiredCopyCount"})
+    models.ScalableDimensionValueSet = responses.ScalableDimensionValueSet = widened
+    try:
+        yield
+    finally:
+        models.ScalableDimensionValueSet = responses.ScalableDimensionValueSet = original
+
+
+@contextlib.contextmanager
 def emulator(port: int | None = None) -> Iterator[str]:
     """Run moto's server on 127.0.0.1 while the block lasts; yields its URL."""
     try:
@@ -185,7 +206,8 @@ def emulator(port: int | None = None) -> Iterator[str]:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # no per-request access log in the CLI
     port = port or free_port()
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    with moto_accepts_current_instance_types(), moto_serves_inference_components():
+    with moto_accepts_current_instance_types(), moto_serves_inference_components(), \
+            moto_scales_inference_components():
         server.start()
         try:
             yield f"http://127.0.0.1:{port}"

@@ -126,7 +126,8 @@ def build_parser(level: int | None) -> argparse.ArgumentParser:
 # Who scales each platform's replicas, and with which flags: an autoscaling flag of another
 # platform is refused with the reason and the right flags, not argparse's bare "unrecognized".
 AUTOSCALING_FLAGS = {
-    SAGEMAKER: ("--autoscale-min", "--autoscale-max", "--autoscale-metric", "--autoscale-target"),
+    SAGEMAKER: ("--autoscale-min", "--autoscale-max", "--autoscale-metric", "--autoscale-target",
+                "--scale-to-zero"),
     EC2: ("--min-replicas", "--max-replicas", "--target-waiting", "--target-cpu", "--autoscaling-from",
           "--ray-autoscaling"),
 }

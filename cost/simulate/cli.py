@@ -522,7 +522,8 @@ def _policy_brief(row: dict[str, Any]) -> str:
     if row["level"] == 1:
         return f"TPM {p['tpm']:,.0f}" if p.get("tpm") else "no quota"
     if p["kind"] == "sagemaker_target_tracking":
-        metric = "invocations/instance/min" if "Invocations" in p["metric"] else "concurrency/model"
+        per = "copy" if p.get("scales") == "copies" else "instance"
+        metric = f"invocations/{per}/min" if "Invocations" in p["metric"] else f"concurrency/{per}"
         return f"{metric} {p['target']:g}, {p['min_instances']}-{p['max_instances']}"
     spot = ", spot" if p.get("spot") else ""
     if p["kind"] == "hpa_keda_queue_depth":

@@ -35,9 +35,11 @@ from cost.prices import HOURS_PER_MONTH
 from cost.simulate import fleet as fleet_mod
 from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThroughput, batch_run, simulate_bedrock
 from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
-from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
+from cost.simulate.scaling import SAGEMAKER_METRIC_NAMES, QueueDepth, RayServe, TargetTracking, default
 from cost.simulate.spot import SpotMarket
 from options.core import BadInput
+
+INVOCATIONS_METRICS = {name for (metric, _), name in SAGEMAKER_METRIC_NAMES.items() if metric == "invocations"}
 
 SECONDS_PER_MONTH = HOURS_PER_MONTH * 3600
 SAGEMAKER_LEVELS = (2, 3, 4, 5)
@@ -507,12 +509,12 @@ class Simulation:
 
     def _invocations_target(self, level: int, row: dict[str, Any], cap) -> float:
         policy = row["policy"]
-        if policy.get("metric") == "SageMakerVariantInvocationsPerInstance":
+        if policy.get("metric") in INVOCATIONS_METRICS:
             return float(policy["target"])
         # The highest invocations target that met the SLO in the search, else a cautious share.
         goal = self.setup.slo.attainment
         met = [r["policy"]["target"] for r in self._cache.values()
-               if r["policy"].get("metric") == "SageMakerVariantInvocationsPerInstance" and r["slo_attainment"] >= goal]
+               if r["policy"].get("metric") in INVOCATIONS_METRICS and r["slo_attainment"] >= goal]
         return float(max(met)) if met else max(1.0, self.replica_request_rate(cap) * 0.55)
 
     def bedrock_cost_unthrottled(self) -> float:

@@ -35,6 +35,14 @@ from options.core.autoscaling import HPA_BEHAVIOUR, HpaBehaviour
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAGEMAKER_METRICS = ("invocations", "concurrency")
+# AWS's predefined metric for each, on a variant's instances or (scale to zero) an inference
+# component's copies: what options.deploy --autoscale-metric [--scale-to-zero] registers.
+SAGEMAKER_METRIC_NAMES = {
+    ("invocations", "instances"): "SageMakerVariantInvocationsPerInstance",
+    ("concurrency", "instances"): "SageMakerVariantConcurrentRequestsPerModelHighResolution",
+    ("invocations", "copies"): "SageMakerInferenceComponentInvocationsPerCopy",
+    ("concurrency", "copies"): "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution",
+}
 
 
 @lru_cache(maxsize=1)
@@ -155,10 +163,14 @@ class TargetTracking:
         self._last_out = state.now
         return max(1, self.min_instances)
 
+    @property
+    def scales(self) -> str:
+        """What the policy scales: a variant's instances, or (down to 0) a component's copies."""
+        return "copies" if self.min_instances == 0 else "instances"
+
     def to_json(self) -> dict[str, Any]:
-        metric = ("SageMakerVariantInvocationsPerInstance" if self.metric == "invocations"
-                  else "SageMakerVariantConcurrentRequestsPerModelHighResolution")
-        return {"kind": "sagemaker_target_tracking", "metric": metric, "target": self.target,
+        return {"kind": "sagemaker_target_tracking", "scales": self.scales,
+                "metric": SAGEMAKER_METRIC_NAMES[self.metric, self.scales], "target": self.target,
                 "min_instances": self.min_instances, "max_instances": self.max_instances,
                 "scale_out_cooldown_s": self.scale_out_cooldown_s, "scale_in_cooldown_s": self.scale_in_cooldown_s,
                 "instance_start_s": self.start_s, "period_s": self.period_s}

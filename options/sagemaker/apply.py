@@ -18,8 +18,10 @@ from typing import Any, Callable
 from options.core import rung
 from options.output import Progress, say
 from options.plan import Deployment, Plan, Step
-from options.sagemaker.plan import ACCOUNT_PLACEHOLDER, SCALABLE_DIMENSION, endpoint_name_of, \
-    main_param, scaling_resource_id
+from options.sagemaker.components import base_component_name
+from options.sagemaker.plan import ACCOUNT_PLACEHOLDER, COMPONENT_SCALABLE_DIMENSION, POLICY_ARN_PLACEHOLDER, \
+    SCALABLE_DIMENSION, component_scaling_resource_id, endpoint_name_of, main_param, no_capacity_alarm_name, \
+    scaling_resource_id
 
 
 class DeployFailed(RuntimeError):
@@ -27,14 +29,21 @@ class DeployFailed(RuntimeError):
 
 # ----------------------------------------------------------------------------------- apply
 
-def _resolve_account(obj: Any, account: str) -> Any:
+def _filled(obj: Any, values: dict[str, str]) -> Any:
+    """``obj`` with each placeholder (a key of ``values``) in its strings replaced by its value."""
     if isinstance(obj, str):
-        return obj.replace(ACCOUNT_PLACEHOLDER, account)
+        for placeholder, value in values.items():
+            obj = obj.replace(placeholder, value)
+        return obj
     if isinstance(obj, dict):
-        return {k: _resolve_account(v, account) for k, v in obj.items()}
+        return {k: _filled(v, values) for k, v in obj.items()}
     if isinstance(obj, list):
-        return [_resolve_account(v, account) for v in obj]
+        return [_filled(v, values) for v in obj]
     return obj
+
+
+def _resolve_account(obj: Any, account: str) -> Any:
+    return _filled(obj, {ACCOUNT_PLACEHOLDER: account})
 
 
 def resolve_plan(plan: Plan, target) -> list[Step]:
@@ -117,11 +126,13 @@ def _exists(clients: _Clients, step: Step) -> bool:
             found = clients("application-autoscaling").describe_scaling_policies(
                 ServiceNamespace=p["ServiceNamespace"], ResourceId=p["ResourceId"],
                 PolicyNames=[p["PolicyName"]])["ScalingPolicies"]
-            # Kept only when metric, target and cooldowns are all this run's; else Put replaces it.
-            want = p["TargetTrackingScalingPolicyConfiguration"]
+            # Kept only when its whole configuration is this run's; else Put replaces it.
+            kind = next(k for k in p if k.endswith("ScalingPolicyConfiguration"))
             return any(f["PolicyName"] == p["PolicyName"] and all(
-                f.get("TargetTrackingScalingPolicyConfiguration", {}).get(k) == v for k, v in want.items())
-                for f in found)
+                f.get(kind, {}).get(k) == v for k, v in p[kind].items()) for f in found)
+        elif step.operation == "PutMetricAlarm":
+            found = clients("cloudwatch").describe_alarms(AlarmNames=[p["AlarmName"]])["MetricAlarms"]
+            return any(all(f.get(k) == v for k, v in p.items()) for f in found)
         else:
             return False
         return True
@@ -252,20 +263,26 @@ def apply_plan(plan: Plan, target, progress: Progress = say, *, poll_s: float | 
     if plan.extra.get("routing"):   # which component / TargetModel each invocation names
         deployment.extra["routing"] = dict(plan.extra["routing"])
     start = time.monotonic()
+    policy_arns: dict[str, str] = {}     # POLICY_ARN_PLACEHOLDER of each policy put so far -> its ARN
     try:
         for step in steps:
             label = step.description or f"{step.service} {step.operation}"
             if step.service == "docker":
                 _run_docker_step(step, target, progress)
                 continue
+            step = Step(step.service, step.operation, _filled(step.params, policy_arns), step.undo,
+                        step.description)
             if _exists(clients, step):
                 progress(f"= {step.operation}: {label} (already there, kept)")
                 deployment.reused.append(label)
+                answer = _policy_arn(clients, step) if step.operation == "PutScalingPolicy" else {}
             else:
-                send(clients, step)
+                answer = send(clients, step)
                 done.append(step)
                 deployment.created.append(label)
                 progress(f"+ {step.operation}: {label}")
+            if step.operation == "PutScalingPolicy":
+                policy_arns[POLICY_ARN_PLACEHOLDER.format(step.params["PolicyName"])] = answer["PolicyARN"]
             if step.operation == "CreateEndpoint":
                 wait_in_service(clients("sagemaker"), step.params["EndpointName"], progress,
                                 poll_s, timeout_s)
@@ -281,6 +298,15 @@ def apply_plan(plan: Plan, target, progress: Progress = say, *, poll_s: float | 
         raise cause from exc
     deployment.elapsed_s = time.monotonic() - start
     return deployment
+
+
+def _policy_arn(clients: _Clients, step: Step) -> dict[str, str]:
+    """A kept policy's ARN, as PutScalingPolicy would have answered it."""
+    p = step.params
+    (found,) = [f for f in clients("application-autoscaling").describe_scaling_policies(
+        ServiceNamespace=p["ServiceNamespace"], ResourceId=p["ResourceId"],
+        PolicyNames=[p["PolicyName"]])["ScalingPolicies"] if f["PolicyName"] == p["PolicyName"]]
+    return {"PolicyARN": found["PolicyARN"]}
 
 
 def _describe_error(exc: BaseException) -> str:
@@ -367,19 +393,26 @@ def status(endpoint_name: str, target) -> dict[str, Any]:
         out["components"] = [{"name": c["InferenceComponentName"], "status": c["InferenceComponentStatus"],
                               **_component_detail(sm, c["InferenceComponentName"])}
                              for c in list_components(sm, endpoint_name)]
-    scaling = target.client("application-autoscaling").describe_scalable_targets(
-        ServiceNamespace="sagemaker", ResourceIds=[scaling_resource_id(endpoint_name)])
-    if scaling["ScalableTargets"]:
-        t = scaling["ScalableTargets"][0]
-        out["autoscaling"] = {"min": t["MinCapacity"], "max": t["MaxCapacity"]}
-        policies = target.client("application-autoscaling").describe_scaling_policies(
-            ServiceNamespace="sagemaker", ResourceId=scaling_resource_id(endpoint_name))["ScalingPolicies"]
-        out["autoscaling_policies"] = [_policy_summary(p) for p in policies
-                                       if p["ResourceId"] == scaling_resource_id(endpoint_name)]
+    scaling = target.client("application-autoscaling")
+    for resource_id, scales in ((scaling_resource_id(endpoint_name), "instances"),
+                                (component_scaling_resource_id(base_component_name(endpoint_name)), "copies")):
+        found = scaling.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[resource_id])
+        if found["ScalableTargets"]:
+            t = found["ScalableTargets"][0]
+            out["autoscaling"] = {"min": t["MinCapacity"], "max": t["MaxCapacity"], "scales": scales}
+            policies = scaling.describe_scaling_policies(ServiceNamespace="sagemaker",
+                                                         ResourceId=resource_id)["ScalingPolicies"]
+            out["autoscaling_policies"] = [_policy_summary(p) for p in policies if p["ResourceId"] == resource_id]
     return out
 
 
 def _policy_summary(policy: dict) -> dict[str, Any]:
+    if policy.get("PolicyType") == "StepScaling":
+        config = policy.get("StepScalingPolicyConfiguration", {})
+        return {"name": policy["PolicyName"], "type": "StepScaling",
+                "steps": [s.get("ScalingAdjustment") for s in config.get("StepAdjustments", [])],
+                "cooldown_s": config.get("Cooldown"),
+                "alarms": [a["AlarmName"] for a in policy.get("Alarms", [])]}
     config = policy.get("TargetTrackingScalingPolicyConfiguration", {})
     return {"name": policy["PolicyName"], "type": policy.get("PolicyType"),
             "metric": config.get("PredefinedMetricSpecification", {}).get("PredefinedMetricType"),
@@ -439,6 +472,22 @@ def _down_components(sm, endpoint_name: str, progress: Progress, poll_s: float) 
     return removed
 
 
+def _down_scaling(scaling, resource_id: str, dimension: str, progress: Progress) -> list[str]:
+    """Deregister one scalable target, its policies first; [] when it is not registered."""
+    if not scaling.describe_scalable_targets(ServiceNamespace="sagemaker", ResourceIds=[resource_id],
+                                             ScalableDimension=dimension)["ScalableTargets"]:
+        return []
+    for policy in scaling.describe_scaling_policies(ServiceNamespace="sagemaker",
+                                                    ResourceId=resource_id)["ScalingPolicies"]:
+        if policy["ResourceId"] == resource_id:
+            scaling.delete_scaling_policy(PolicyName=policy["PolicyName"], ServiceNamespace="sagemaker",
+                                          ResourceId=resource_id, ScalableDimension=dimension)
+    scaling.deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource_id,
+                                       ScalableDimension=dimension)
+    progress(f"- autoscaling target {resource_id}")
+    return [f"autoscaling target {resource_id}"]
+
+
 def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | None = None) -> list[str]:
     """Remove the autoscaling registration, endpoint, its configs and models; returns what went."""
     poll_s = poll_s if poll_s is not None else (10.0 if target.kind == "aws" else 0.2)
@@ -447,20 +496,18 @@ def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | N
     config_names: set[str] = set()
     model_names: set[str] = set()
 
-    scaling = target.client("application-autoscaling")
-    resource_id = scaling_resource_id(endpoint_name)
-    if scaling.describe_scalable_targets(ServiceNamespace="sagemaker",
-                                         ResourceIds=[resource_id])["ScalableTargets"]:
-        for policy in scaling.describe_scaling_policies(ServiceNamespace="sagemaker",
-                                                        ResourceId=resource_id)["ScalingPolicies"]:
-            if policy["ResourceId"] != resource_id:
-                continue
-            scaling.delete_scaling_policy(PolicyName=policy["PolicyName"], ServiceNamespace="sagemaker",
-                                          ResourceId=resource_id, ScalableDimension=SCALABLE_DIMENSION)
-        scaling.deregister_scalable_target(ServiceNamespace="sagemaker", ResourceId=resource_id,
-                                           ScalableDimension=SCALABLE_DIMENSION)
-        removed.append(f"autoscaling target {resource_id}")
-        progress(f"- autoscaling target {resource_id}")
+    # Autoscaling first (SageMaker refuses to delete what is still registered): the variant's,
+    # and the base component's with its wake-from-zero alarm (--scale-to-zero).
+    base = base_component_name(endpoint_name)
+    alarm = no_capacity_alarm_name(base)
+    cloudwatch = target.client("cloudwatch")
+    if cloudwatch.describe_alarms(AlarmNames=[alarm])["MetricAlarms"]:
+        cloudwatch.delete_alarms(AlarmNames=[alarm])
+        removed.append(f"alarm {alarm}")
+        progress(f"- alarm {alarm}")
+    for resource_id, dimension in ((scaling_resource_id(endpoint_name), SCALABLE_DIMENSION),
+                                   (component_scaling_resource_id(base), COMPONENT_SCALABLE_DIMENSION)):
+        removed += _down_scaling(target.client("application-autoscaling"), resource_id, dimension, progress)
 
     try:
         found = sm.describe_endpoint(EndpointName=endpoint_name)

@@ -138,18 +138,26 @@ def parse_adapter_flags(values: list[str], endpoint_name: str, *, invoking: bool
 # ----------------------------------------------------------------------------------- sizing
 
 def size_components(instance, accelerators_per_copy: int | None, instance_count: int,
-                    max_instances: int | None, flags: AdapterFlags) -> InferenceComponents:
+                    max_instances: int | None, flags: AdapterFlags, *,
+                    scale_to_zero: bool = False) -> InferenceComponents:
     """One copy per ``accelerators_per_copy`` GPUs (all of them by default; one copy on CPU),
-    each with an even share of the cores and memory left after SageMaker's own reserve."""
+    each with an even share of the cores and memory left after SageMaker's own reserve.
+    ``scale_to_zero``: one copy to start, no instance kept, and ``max_instances`` counts copies
+    (the instances that many need)."""
     gpus = instance.gpus
     per_copy = min(accelerators_per_copy or gpus, gpus) if gpus else 0
     copies_per_instance = gpus // per_copy if per_copy else 1
     cores = max(0.25, (instance.vcpus - RESERVED_CPU_CORES) / copies_per_instance)
     memory = int(instance.memory_gib * 1024 * (1 - RESERVED_MEMORY_FRACTION) / copies_per_instance)
+    if scale_to_zero:
+        copies, low = 1, 0
+        high = -(-(max_instances or 1) // copies_per_instance)
+    else:
+        copies, low = copies_per_instance * instance_count, instance_count
+        high = max(max_instances or instance_count, instance_count)
     return InferenceComponents(
         adapters=list(flags.adapters), accelerators=per_copy, cpu_cores=float(int(cores * 4) / 4),
-        memory_mb=max(128, memory), copy_count=copies_per_instance * instance_count,
-        min_instances=instance_count, max_instances=max(max_instances or instance_count, instance_count),
+        memory_mb=max(128, memory), copy_count=copies, min_instances=low, max_instances=high,
         invoke=flags.invoke)
 
 
@@ -203,6 +211,10 @@ def plan_notes(endpoint_name: str, instance, ic: InferenceComponents) -> list[st
              f"{RESERVED_CPU_CORES} cores and {RESERVED_MEMORY_FRACTION:.0%} of memory for SageMaker's agents)",
              f"managed instance scaling: {ic.min_instances}–{ic.max_instances} instance(s) as copies "
              f"need them; routing {ROUTING_STRATEGY}"]
+    if ic.min_instances == 0:
+        notes.append("scale to zero: no instance, and no bill, while the copies are at 0; after an idle "
+                     "spell the first requests fail (InvokeEndpoint errors, not a queue) for the minutes a "
+                     "copy takes to start, as python -m cost simulate --scale-to-zero counts them")
     if ic.adapters:
         notes.append(f"{len(ic.adapters)} adapter component(s) share the base's compute: no extra "
                      f"instance cost; created after the base is InService, deleted before it")
@@ -273,6 +285,10 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
     flags = parse_adapter_flags(args.adapter, name, invoking=bool(args.invoke))
     prefix = getattr(args, "multi_model", None)
     if prefix:
+        if getattr(args, "scale_to_zero", False):
+            raise BadInput(f"--scale-to-zero with --multi-model {prefix}: a multi-model endpoint's container "
+                           f"runs on the variant, which keeps one instance or more; scaling to 0 needs "
+                           f"inference components (--adapter NAME=s3://... for adapters)")
         targets = check_multi_model(prefix, instance, flags)
         invoke = flags.invoke or (flags.adapters[0].name if flags.adapters else None)
         if invoke is None and (args.invoke or args.target == "emulator") and not args.plan:
@@ -280,11 +296,16 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
                            f"its model (TargetModel): add --adapter NAME (invokes {prefix}NAME.tar.gz) "
                            f"or --adapter NAME={prefix}path/to/model.tar.gz")
         return {"multi_model_prefix": prefix, "multi_model_targets": targets, "multi_model_invoke": invoke}
-    if not flags:
-        return {}
     if scaling is None:
         from options.sagemaker.plan import autoscaling_from_args
         scaling = autoscaling_from_args(args)
+    if scaling is not None and scaling.scale_to_zero:
+        # One copy to start, as python -m cost simulate starts; the copies' own autoscaling
+        # (plan.scale_to_zero_steps) takes them between 0 and the maximum.
+        return {"components": size_components(instance, accelerators_per_copy, 1, scaling.max_capacity,
+                                               flags, scale_to_zero=True)}
+    if not flags:
+        return {}
     # Autoscaling bounds become managed instance scaling's bounds. A target-tracking policy on
     # the variant does not apply to an endpoint of components (SageMaker scales their copies):
     # refuse a metric or target rather than drop it unsaid.
@@ -295,7 +316,8 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
         raise BadInput(f"{' '.join(chosen)} with --adapter: an endpoint of inference components "
                        f"scales its instances by managed instance scaling (bounded by --autoscale-min/"
                        f"--autoscale-max), not by a target-tracking policy on the variant; drop "
-                       f"{' and '.join(c.split()[0] for c in chosen)}, or deploy without --adapter")
+                       f"{' and '.join(c.split()[0] for c in chosen)}, deploy without --adapter, or add "
+                       f"--scale-to-zero (target tracking on the base component's copies)")
     low = scaling.min_capacity if scaling else args.instance_count
     return {"components": size_components(instance, accelerators_per_copy, low,
                                           scaling.max_capacity if scaling else None, flags)}

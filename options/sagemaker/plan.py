@@ -23,6 +23,7 @@ VARIANT = "AllTraffic"
 ACCOUNT_PLACEHOLDER = "<account-id>"
 DEFAULT_ROLE_ARN = f"arn:aws:iam::{ACCOUNT_PLACEHOLDER}:role/SageMakerExecutionRole"
 SCALABLE_DIMENSION = "sagemaker:variant:DesiredInstanceCount"
+COMPONENT_SCALABLE_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
 _NAME_OK = re.compile(r"^[a-zA-Z0-9](-*[a-zA-Z0-9])*$")
 MAX_NAME = 63
 
@@ -37,6 +38,23 @@ AUTOSCALE_METRICS = {
 }
 AUTOSCALE_UNITS = {"invocations": "invocations per instance per minute",
                    "concurrency": "concurrent requests per model copy"}
+# With --scale-to-zero the inference component's copies scale, on the same two measures per copy.
+COMPONENT_METRICS = {
+    "invocations": "SageMakerInferenceComponentInvocationsPerCopy",
+    "concurrency": "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution",
+}
+COMPONENT_UNITS = {"invocations": "invocations per copy per minute",
+                   "concurrency": "concurrent requests per copy"}
+# Waking from zero copies (AWS: "Scale an endpoint to zero instances"): a request that finds no
+# copy fails and counts in NoCapacityInvocationFailures; an alarm on it (this period, one
+# datapoint; python -m cost simulate assumes the same minute) runs a step-scaling policy that
+# adds one copy; target tracking takes over from there.
+NO_CAPACITY_METRIC = "NoCapacityInvocationFailures"
+NO_CAPACITY_ALARM_PERIOD_S = 60
+WAKE_COOLDOWN_S = 60
+# Where a plan needs the ARN that an earlier PutScalingPolicy returns (a CloudWatch alarm's
+# action): apply fills it in, as it fills in the account id.
+POLICY_ARN_PLACEHOLDER = "<policy-arn:{}>"
 DEFAULT_INVOCATIONS_TARGET = 100.0
 # Both cooldowns at Application Auto Scaling's own default for SageMaker variants, as
 # ``python -m cost simulate`` assumes: what it recommends is what runs.
@@ -51,10 +69,16 @@ class Autoscaling:
     metric: str = "invocations"        # a key of AUTOSCALE_METRICS
     scale_in_cooldown_s: int = AUTOSCALE_COOLDOWN_S
     scale_out_cooldown_s: int = AUTOSCALE_COOLDOWN_S
+    # The endpoint's inference component scales its copies, down to 0 (levels 3-5).
+    scale_to_zero: bool = False
 
     @property
     def predefined_metric(self) -> str:
-        return AUTOSCALE_METRICS[self.metric]
+        return (COMPONENT_METRICS if self.scale_to_zero else AUTOSCALE_METRICS)[self.metric]
+
+    @property
+    def units(self) -> str:
+        return (COMPONENT_UNITS if self.scale_to_zero else AUTOSCALE_UNITS)[self.metric]
 
 
 @dataclass
@@ -202,14 +226,21 @@ def add_autoscaling_arguments(group) -> None:
     group.add_argument("--autoscale-target", type=float, metavar="X",
                        help=f"autoscaling: the metric's target value (invocations: default "
                             f"{DEFAULT_INVOCATIONS_TARGET:g}; concurrency: no default), e.g. --autoscale-target 60")
+    group.add_argument("--scale-to-zero", action="store_true",
+                       help="levels 3-5: serve the model as an inference component whose copies scale "
+                            "between 0 and --autoscale-max (the instances follow), woken from 0 by a "
+                            f"{NO_CAPACITY_METRIC} alarm; the first requests after an idle spell fail "
+                            "while a copy starts, e.g. --scale-to-zero --autoscale-max 2")
 
 
 def autoscaling_from_args(args) -> Autoscaling | None:
     """The --autoscale-* flags as an Autoscaling (None when none is given); BadInput naming the
     value when they do not describe one, or when nothing would be autoscaled (--target local)."""
+    to_zero = bool(getattr(args, "scale_to_zero", False))
     given = [flag for flag, value in (("--autoscale-min", args.autoscale_min), ("--autoscale-max", args.autoscale_max),
                                       ("--autoscale-metric", args.autoscale_metric),
-                                      ("--autoscale-target", args.autoscale_target)) if value is not None]
+                                      ("--autoscale-target", args.autoscale_target),
+                                      ("--scale-to-zero", True if to_zero else None)) if value is not None]
     if not given:
         return None
     if not is_cloud_run(args):
@@ -220,26 +251,46 @@ def autoscaling_from_args(args) -> Autoscaling | None:
         rest = [f for f in given if f != "--autoscale-max"]
         raise BadInput(f"{' and '.join(rest)} need{'s' if len(rest) == 1 else ''} --autoscale-max (autoscaling "
                        f"turns on with a maximum), e.g. --autoscale-min 1 --autoscale-max 4")
+    if to_zero:
+        return _scale_to_zero(args)
     low = args.autoscale_min if args.autoscale_min is not None else args.instance_count
     where = f"--autoscale-min {low}" if args.autoscale_min is not None else \
         f"--instance-count {low} (the default --autoscale-min)"
     if low < 1:
         raise BadInput(f"{where} must be at least 1: a SageMaker variant keeps one instance or more "
-                       f"(e.g. --autoscale-min 1 --autoscale-max 4)")
+                       f"(e.g. --autoscale-min 1 --autoscale-max 4); to scale to 0, add --scale-to-zero "
+                       f"(levels 3-5: an inference component whose copies scale)")
     if args.autoscale_max < low:
         raise BadInput(f"--autoscale-max {args.autoscale_max} is below {where}: need "
                        f"1 <= --autoscale-min <= --autoscale-max, e.g. --autoscale-min 1 --autoscale-max 4")
+    metric, target = _metric_and_target(args, AUTOSCALE_UNITS)
+    return Autoscaling(low, args.autoscale_max, target, metric)
+
+
+def _scale_to_zero(args) -> Autoscaling:
+    """--scale-to-zero: the component's copies between 0 and --autoscale-max."""
+    if args.autoscale_min not in (None, 0):
+        raise BadInput(f"--autoscale-min {args.autoscale_min} with --scale-to-zero: the copies scale down to 0; "
+                       f"drop --autoscale-min, or drop --scale-to-zero to keep {args.autoscale_min} instance(s)")
+    if args.autoscale_max < 1:
+        raise BadInput(f"--autoscale-max {args.autoscale_max} with --scale-to-zero: at least 1 copy must be "
+                       f"possible, e.g. --scale-to-zero --autoscale-max 2")
+    metric, target = _metric_and_target(args, COMPONENT_UNITS)
+    return Autoscaling(0, args.autoscale_max, target, metric, scale_to_zero=True)
+
+
+def _metric_and_target(args, units: dict[str, str]) -> tuple[str, float]:
     metric = args.autoscale_metric or "invocations"
     target = args.autoscale_target
     if target is None:
         if metric != "invocations":
             raise BadInput(f"--autoscale-metric {metric} needs --autoscale-target X: the "
-                           f"{AUTOSCALE_UNITS[metric]} to hold, e.g. --autoscale-target 4")
+                           f"{units[metric]} to hold, e.g. --autoscale-target 4")
         target = DEFAULT_INVOCATIONS_TARGET
     if not (target > 0 and math.isfinite(target)):
-        raise BadInput(f"--autoscale-target {target:g} must be above 0 {AUTOSCALE_UNITS[metric]}, "
+        raise BadInput(f"--autoscale-target {target:g} must be above 0 {units[metric]}, "
                        f"e.g. --autoscale-target {DEFAULT_INVOCATIONS_TARGET if metric == 'invocations' else 4:g}")
-    return Autoscaling(low, args.autoscale_max, float(target), metric)
+    return metric, float(target)
 
 
 def is_cloud_run(args) -> bool:
@@ -259,6 +310,11 @@ def endpoint_basics(args, level: int, model_label: str, default_instance: str, *
         raise BadInput(f"--adapter {args.adapter[0]!r}: level {level} deploys one fixed model per "
                        f"endpoint; adapters run as inference components at levels 3, 4 and 5, "
                        f"e.g. python -m options.deploy --level 3 --plan --adapter {args.adapter[0]}")
+    if getattr(args, "scale_to_zero", False) and not serves_adapters:
+        raise BadInput(f"--scale-to-zero: level {level} deploys its model on the endpoint's variant, which "
+                       f"keeps one instance or more; scaling to 0 needs an inference component, which "
+                       f"levels 3, 4 and 5 deploy, e.g. python -m options.deploy --level 3 --plan "
+                       f"--scale-to-zero --autoscale-max 2")
     instance_type = ml_instance(args.instance_type or default_instance)
     instance_info(instance_type)  # unknown names exit 2, naming the closest known ones
     if args.instance_count < 1:
@@ -330,8 +386,10 @@ def endpoint_steps(spec: EndpointSpec) -> list[Step]:
              description=f"endpoint {spec.name} (waits for InService)"),
     ]
     if ic is not None:
-        from options.sagemaker.components import component_steps
+        from options.sagemaker.components import base_component_name, component_steps
         steps += component_steps(spec.name, VARIANT, model_name, ic, startup, tags)
+        if spec.autoscaling and spec.autoscaling.scale_to_zero:
+            steps += scale_to_zero_steps(spec.name, base_component_name(spec.name), spec.autoscaling)
     elif spec.autoscaling:
         steps += autoscaling_steps(spec.name, spec.autoscaling)
     return steps
@@ -388,28 +446,76 @@ def autoscaling_steps(endpoint_name: str, scaling: Autoscaling) -> list[Step]:
     second one that would scale the same variant on its own."""
     target = {"ServiceNamespace": "sagemaker", "ResourceId": scaling_resource_id(endpoint_name),
               "ScalableDimension": SCALABLE_DIMENSION}
-    policy_name = scaling_policy_name(endpoint_name)
+    return [_register_step(target, scaling, "instances"),
+            _target_tracking_step(target, scaling_policy_name(endpoint_name), scaling)]
+
+
+def scale_to_zero_steps(endpoint_name: str, component: str, scaling: Autoscaling) -> list[Step]:
+    """The component's copies as a scalable target (0 to max), target tracking per copy, and the
+    way back from 0: a step-scaling policy adding one copy, run by a CloudWatch alarm on the
+    component's NoCapacityInvocationFailures (whose action is that policy's ARN)."""
+    target = {"ServiceNamespace": "sagemaker", "ResourceId": component_scaling_resource_id(component),
+              "ScalableDimension": COMPONENT_SCALABLE_DIMENSION}
+    wake, alarm = wake_policy_name(endpoint_name), no_capacity_alarm_name(component)
     return [
-        Step("application-autoscaling", "RegisterScalableTarget",
-             {**target, "MinCapacity": scaling.min_capacity, "MaxCapacity": scaling.max_capacity},
-             undo=Step("application-autoscaling", "DeregisterScalableTarget", dict(target)),
-             description=f"autoscaling between {scaling.min_capacity} and {scaling.max_capacity} instances"),
+        _register_step(target, scaling, "copies"),
+        _target_tracking_step(target, scaling_policy_name(endpoint_name), scaling),
         Step("application-autoscaling", "PutScalingPolicy",
-             {**target, "PolicyName": policy_name, "PolicyType": "TargetTrackingScaling",
-              "TargetTrackingScalingPolicyConfiguration": {
-                  "TargetValue": float(scaling.target_value),
-                  "PredefinedMetricSpecification": {"PredefinedMetricType": scaling.predefined_metric},
-                  "ScaleInCooldown": scaling.scale_in_cooldown_s,
-                  "ScaleOutCooldown": scaling.scale_out_cooldown_s}},
-             undo=Step("application-autoscaling", "DeleteScalingPolicy",
-                       {**target, "PolicyName": policy_name}),
-             description=f"target tracking: {scaling.target_value:g} {AUTOSCALE_UNITS[scaling.metric]} "
-                         f"({scaling.predefined_metric})"),
+             {**target, "PolicyName": wake, "PolicyType": "StepScaling",
+              "StepScalingPolicyConfiguration": {
+                  "AdjustmentType": "ChangeInCapacity", "MetricAggregationType": "Maximum",
+                  "Cooldown": WAKE_COOLDOWN_S,
+                  "StepAdjustments": [{"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}]}},
+             undo=Step("application-autoscaling", "DeleteScalingPolicy", {**target, "PolicyName": wake}),
+             description="step scaling: one copy when a request finds none"),
+        Step("cloudwatch", "PutMetricAlarm",
+             {"AlarmName": alarm, "Namespace": "AWS/SageMaker", "MetricName": NO_CAPACITY_METRIC,
+              "Dimensions": [{"Name": "InferenceComponentName", "Value": component}],
+              "Statistic": "Maximum", "Period": NO_CAPACITY_ALARM_PERIOD_S, "EvaluationPeriods": 1,
+              "DatapointsToAlarm": 1, "Threshold": 1.0,
+              "ComparisonOperator": "GreaterThanOrEqualToThreshold", "TreatMissingData": "missing",
+              "AlarmActions": [POLICY_ARN_PLACEHOLDER.format(wake)]},
+             undo=Step("cloudwatch", "DeleteAlarms", {"AlarmNames": [alarm]}),
+             description=f"alarm {alarm}: {NO_CAPACITY_METRIC} ≥ 1 in {NO_CAPACITY_ALARM_PERIOD_S} s "
+                         f"runs {wake}"),
     ]
+
+
+def _register_step(target: dict[str, str], scaling: Autoscaling, what: str) -> Step:
+    return Step("application-autoscaling", "RegisterScalableTarget",
+                {**target, "MinCapacity": scaling.min_capacity, "MaxCapacity": scaling.max_capacity},
+                undo=Step("application-autoscaling", "DeregisterScalableTarget", dict(target)),
+                description=f"autoscaling between {scaling.min_capacity} and {scaling.max_capacity} {what}")
+
+
+def _target_tracking_step(target: dict[str, str], policy_name: str, scaling: Autoscaling) -> Step:
+    return Step("application-autoscaling", "PutScalingPolicy",
+                {**target, "PolicyName": policy_name, "PolicyType": "TargetTrackingScaling",
+                 "TargetTrackingScalingPolicyConfiguration": {
+                     "TargetValue": float(scaling.target_value),
+                     "PredefinedMetricSpecification": {"PredefinedMetricType": scaling.predefined_metric},
+                     "ScaleInCooldown": scaling.scale_in_cooldown_s,
+                     "ScaleOutCooldown": scaling.scale_out_cooldown_s}},
+                undo=Step("application-autoscaling", "DeleteScalingPolicy",
+                          {**target, "PolicyName": policy_name}),
+                description=f"target tracking: {scaling.target_value:g} {scaling.units} "
+                            f"({scaling.predefined_metric})")
 
 
 def scaling_policy_name(endpoint_name: str) -> str:
     return f"{endpoint_name}-target-tracking"
+
+
+def wake_policy_name(endpoint_name: str) -> str:
+    return f"{endpoint_name}-wake-from-zero"
+
+
+def component_scaling_resource_id(component: str) -> str:
+    return f"inference-component/{component}"
+
+
+def no_capacity_alarm_name(component: str) -> str:
+    return f"{component}-no-capacity"
 
 
 def upload_steps(bucket: str, region: str, files: list[tuple[Path, str]]) -> list[Step]:
@@ -453,7 +559,9 @@ def endpoint_name_of(plan: Plan) -> str:
 def main_param(step: Step) -> str:
     """The name of what a request acts on, for one-line progress and tables."""
     for key in ("InferenceComponentName", "EndpointName", "EndpointConfigName", "ModelName", "repositoryName", "Key",
-                "Bucket", "PolicyName", "ResourceId"):
+                "Bucket", "PolicyName", "AlarmName", "ResourceId"):
         if key in step.params:
             return str(step.params[key])
+    if "AlarmNames" in step.params:
+        return ", ".join(step.params["AlarmNames"])
     return ""

@@ -39,7 +39,7 @@ def deploy_args(command: str):
 
 
 def assert_command_sets_the_policy(data: dict) -> None:
-    from options.sagemaker.plan import AUTOSCALE_METRICS
+    from options.sagemaker.plan import autoscaling_from_args
 
     policy, level = data["policy"], data["level"]
     args = deploy_args(data["deploy"]["command"])
@@ -47,8 +47,10 @@ def assert_command_sets_the_policy(data: dict) -> None:
     if 2 <= level <= 5:
         assert policy["kind"] == "sagemaker_target_tracking"
         assert args.instance_type == data["instance"] == "ml.g5.xlarge"
-        assert AUTOSCALE_METRICS[args.autoscale_metric] == policy["metric"]
-        assert (args.autoscale_min, args.autoscale_max, args.autoscale_target) == \
+        scaling = autoscaling_from_args(args)
+        assert scaling.predefined_metric == policy["metric"]
+        assert scaling.scale_to_zero == (policy["scales"] == "copies") == args.scale_to_zero
+        assert (scaling.min_capacity, scaling.max_capacity, scaling.target_value) == \
             (policy["min_instances"], policy["max_instances"], policy["target"])
     elif level == 6 and policy["kind"] == "ray_serve_ongoing_requests":
         from options.eks import autoscaling_given
@@ -109,6 +111,35 @@ def test_a_sagemaker_rung_plans_the_recommended_target_tracking(capsys):
     assert config["TargetValue"] == data["policy"]["target"]
     assert (config["ScaleOutCooldown"], config["ScaleInCooldown"]) == \
         (data["policy"]["scale_out_cooldown_s"], data["policy"]["scale_in_cooldown_s"])
+
+
+def test_scale_to_zero_plans_the_copies_autoscaling_and_the_wake_alarm_simulated(capsys):
+    from cost.simulate.scaling import default
+    from options.sagemaker.plan import component_scaling_resource_id
+
+    data = recommend_json(capsys, *TEN_MINUTES, "--custom-model", "--rungs", "3", "--scale-to-zero")
+    policy = data["policy"]
+    assert data["level"] == 3 and policy["min_instances"] == 0 and policy["scales"] == "copies"
+    assert policy["metric"].startswith("SageMakerInferenceComponent")
+    assert_command_sets_the_policy(data)
+    assert "--scale-to-zero" in data["deploy"]["command"] and "--autoscale-min" not in data["deploy"]["command"]
+    steps = planned(data["deploy"]["plan_command"]).steps
+    register, tracking, wake, alarm = (s.params for s in steps[-4:])
+    component = next(s.params for s in steps if s.operation == "CreateInferenceComponent")
+    assert register["ResourceId"] == component_scaling_resource_id(component["InferenceComponentName"])
+    assert (register["MinCapacity"], register["MaxCapacity"]) == (0, policy["max_instances"])
+    config = tracking["TargetTrackingScalingPolicyConfiguration"]
+    assert config["PredefinedMetricSpecification"]["PredefinedMetricType"] == policy["metric"]
+    assert config["TargetValue"] == policy["target"]
+    assert (config["ScaleOutCooldown"], config["ScaleInCooldown"]) == \
+        (policy["scale_out_cooldown_s"], policy["scale_in_cooldown_s"])
+    # the way back from 0 copies: one copy added by the alarm the simulation waits for
+    assert wake["StepScalingPolicyConfiguration"]["StepAdjustments"] == [
+        {"MetricIntervalLowerBound": 0.0, "ScalingAdjustment": 1}]
+    assert alarm["MetricName"] == "NoCapacityInvocationFailures"
+    assert alarm["Period"] * alarm["EvaluationPeriods"] == default("sagemaker", "no_capacity_alarm_s")
+    assert alarm["AlarmActions"] == [f"<policy-arn:{wake['PolicyName']}>"]
+    assert component["RuntimeConfig"]["CopyCount"] == 1          # one copy to start, as simulated
 
 
 def test_own_infrastructure_gets_the_hpa_the_simulation_chose(capsys):

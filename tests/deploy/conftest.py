@@ -41,6 +41,7 @@ def _inventory(target) -> dict[str, list[str]]:
         "repositories": [r["repositoryName"] for r in target.client("ecr").describe_repositories()["repositories"]],
         "scalable_targets": [t["ResourceId"] for t in target.client("application-autoscaling")
                              .describe_scalable_targets(ServiceNamespace="sagemaker")["ScalableTargets"]],
+        "alarms": [a["AlarmName"] for a in target.client("cloudwatch").describe_alarms()["MetricAlarms"]],
     }
 
 

@@ -37,7 +37,7 @@ def test_apply_status_invoke_down(level, target, build, inventory, queue_answer)
     config = next(s for s in plan.steps if s.operation == "CreateEndpointConfig")
     assert state["variants"][0]["instance_type"] == config.params["ProductionVariants"][0]["InstanceType"]
     if level == 3:
-        assert state["autoscaling"] == {"min": 1, "max": 3}
+        assert state["autoscaling"] == {"min": 1, "max": 3, "scales": "instances"}
         assert held["scalable_targets"] == [f"endpoint/{spec.name}/variant/AllTraffic"]
     if level == 4:
         assert held["objects"] == [f"{spec.name}/model.tar.gz"]

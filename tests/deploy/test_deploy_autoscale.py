@@ -95,7 +95,7 @@ def test_level3_on_the_emulator_registers_the_target_and_policy_and_down_removes
     assert config["PredefinedMetricSpecification"]["PredefinedMetricType"] == CONCURRENCY
     assert (config["TargetValue"], config["ScaleInCooldown"], config["ScaleOutCooldown"]) == (4.0, 300, 300)
     state = module.status(spec, target)
-    assert state["autoscaling"] == {"min": 1, "max": 3}
+    assert state["autoscaling"] == {"min": 1, "max": 3, "scales": "instances"}
     assert [(p["metric"], p["target"]) for p in state["autoscaling_policies"]] == [(CONCURRENCY, 4.0)]
 
     removed = module.down(spec, target)
@@ -111,7 +111,7 @@ def test_the_cli_applies_and_down_removes_on_a_running_emulator(capsys, emulator
     code, out, err = run(capsys, *base, *AUTOSCALE, "--json")
     assert code == 0, err
     summary = json.loads(out)
-    assert summary["status"]["autoscaling"] == {"min": 1, "max": 3}
+    assert summary["status"]["autoscaling"] == {"min": 1, "max": 3, "scales": "instances"}
     targets, policies = scaling_state(target, "autoscaled")
     assert len(targets) == 1 and len(policies) == 1
     code, out, err = run(capsys, *base, "--down", "--json")
@@ -134,18 +134,106 @@ def test_rerun_with_another_target_updates_the_one_policy(target, build):
              p["TargetTrackingScalingPolicyConfiguration"]["TargetValue"]) for p in policies] == [(INVOCATIONS, 120.0)]
 
 
-def test_a_refused_policy_rolls_back_the_target_and_the_endpoint(target, build, inventory, botocore_events):
+def rolled_back(target, plan, botocore_events, service: str, operation: str, code: str, message: str) -> list[str]:
+    """Apply ``plan`` with AWS refusing ``operation`` (at botocore's level): DeployFailed naming the
+    refusal; returns the progress lines (the rollback's among them)."""
     def refuse(**_):
-        raise botocore.exceptions.ClientError(
-            {"Error": {"Code": "ValidationException", "Message": "unsupported metric"}}, "PutScalingPolicy")
-    botocore_events("before-call.application-autoscaling.PutScalingPolicy", refuse)
-    _, spec, plan = build("--level", "5", "--target", "emulator", *AUTOSCALE)
+        raise botocore.exceptions.ClientError({"Error": {"Code": code, "Message": message}}, operation)
+    botocore_events(f"before-call.{service}.{operation}", refuse)
     lines: list[str] = []
-    with pytest.raises(DeployFailed, match="unsupported metric"):
+    with pytest.raises(DeployFailed, match=message):
         apply_plan(plan, target, lines.append)
+    return lines
+
+
+def test_a_refused_policy_rolls_back_the_target_and_the_endpoint(target, build, inventory, botocore_events):
+    _, spec, plan = build("--level", "5", "--target", "emulator", *AUTOSCALE)
+    lines = rolled_back(target, plan, botocore_events, "application-autoscaling", "PutScalingPolicy",
+                        "ValidationException", "unsupported metric")
     assert any("DeregisterScalableTarget" in line for line in lines)
     held = inventory(target)
     assert held["scalable_targets"] == [] and held["endpoints"] == [] and held["models"] == []
+
+
+# --- scale to zero: an inference component's copies -----------------------------------------------
+
+COPY_DIMENSION = "sagemaker:inference-component:DesiredCopyCount"
+TO_ZERO = ["--scale-to-zero", "--autoscale-max", "2", "--autoscale-metric", "concurrency", "--autoscale-target", "4"]
+
+
+@pytest.mark.parametrize("level", [3, 4, 5])
+def test_scale_to_zero_plans_a_component_its_copies_autoscaling_and_the_wake_alarm(build, level):
+    import botocore.session
+    from botocore.validate import ParamValidator
+
+    _, spec, plan = build("--level", str(level), "--plan", *TO_ZERO)
+    ops = [(s.service, s.operation) for s in plan.steps]
+    assert ops[-6:] == [("sagemaker", "CreateEndpoint"), ("sagemaker", "CreateInferenceComponent"),
+                        ("application-autoscaling", "RegisterScalableTarget"),
+                        ("application-autoscaling", "PutScalingPolicy"),
+                        ("application-autoscaling", "PutScalingPolicy"), ("cloudwatch", "PutMetricAlarm")]
+    config = next(s.params for s in plan.steps if s.operation == "CreateEndpointConfig")
+    (variant,) = config["ProductionVariants"]
+    assert "ModelName" not in variant and variant["InitialInstanceCount"] == 1
+    assert variant["ManagedInstanceScaling"] == {"Status": "ENABLED", "MinInstanceCount": 0, "MaxInstanceCount": 2}
+    component, register, tracking, wake, alarm = (s.params for s in plan.steps[-5:])
+    assert component["RuntimeConfig"] == {"CopyCount": 1}
+    resource = {"ServiceNamespace": "sagemaker", "ScalableDimension": COPY_DIMENSION,
+                "ResourceId": f"inference-component/{component['InferenceComponentName']}"}
+    assert register == {**resource, "MinCapacity": 0, "MaxCapacity": 2}
+    assert tracking["TargetTrackingScalingPolicyConfiguration"]["PredefinedMetricSpecification"] == {
+        "PredefinedMetricType": "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution"}
+    assert {k: wake[k] for k in resource} == resource and wake["PolicyType"] == "StepScaling"
+    assert alarm["Dimensions"] == [{"Name": "InferenceComponentName", "Value": component["InferenceComponentName"]}]
+    assert alarm["AlarmActions"] == [f"<policy-arn:{wake['PolicyName']}>"]
+    # every request, and every undo, is valid for botocore's service models
+    for step in plan.steps[-4:]:
+        for request in (step, step.undo):
+            model = botocore.session.get_session().get_service_model(request.service)
+            report = ParamValidator().validate(request.params, model.operation_model(request.operation).input_shape)
+            assert not report.has_errors(), report.generate_report()
+    assert "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution" in \
+        botocore.session.get_session().get_service_model("application-autoscaling").shape_for("MetricType").enum
+    assert any("scale to zero: no instance, and no bill" in n for n in plan.notes)
+
+
+def test_scale_to_zero_on_the_emulator_applies_keeps_on_rerun_and_down_removes_it(target, build, inventory):
+    module, spec, plan = build("--level", "3", "--target", "emulator", *TO_ZERO)
+    apply_plan(plan, target, lambda _: None)
+    component = f"{spec.name}-base"
+    scaling = target.client("application-autoscaling")
+    (registered,) = scaling.describe_scalable_targets(
+        ServiceNamespace="sagemaker", ScalableDimension=COPY_DIMENSION)["ScalableTargets"]
+    assert (registered["ResourceId"], registered["MinCapacity"], registered["MaxCapacity"]) == \
+        (f"inference-component/{component}", 0, 2)
+    policies = {p["PolicyName"]: p for p in scaling.describe_scaling_policies(
+        ServiceNamespace="sagemaker", ResourceId=registered["ResourceId"])["ScalingPolicies"]}
+    assert {p["PolicyType"] for p in policies.values()} == {"TargetTrackingScaling", "StepScaling"}
+    (alarm,) = target.client("cloudwatch").describe_alarms()["MetricAlarms"]
+    # the alarm runs the step policy: its ARN, as PutScalingPolicy answered it, filled in by apply
+    assert alarm["AlarmActions"] == [policies[f"{spec.name}-wake-from-zero"]["PolicyARN"]]
+    state = module.status(spec, target)
+    assert state["autoscaling"] == {"min": 0, "max": 2, "scales": "copies"}
+    assert sorted(p["type"] for p in state["autoscaling_policies"]) == ["StepScaling", "TargetTrackingScaling"]
+
+    again = apply_plan(plan, target, lambda _: None)
+    assert again.created == []                       # same component, bounds, policies and alarm: kept
+
+    removed = module.down(spec, target)
+    assert removed.index(f"alarm {component}-no-capacity") < removed.index(
+        f"autoscaling target inference-component/{component}") < removed.index(f"inference component {component}")
+    held = inventory(target)
+    assert held["alarms"] == [] and held["scalable_targets"] == [] and held["endpoints"] == []
+
+
+def test_a_refused_alarm_rolls_back_the_policies_the_target_and_the_endpoint(target, build, inventory,
+                                                                              botocore_events):
+    _, _, plan = build("--level", "3", "--target", "emulator", *TO_ZERO)
+    lines = rolled_back(target, plan, botocore_events, "cloudwatch", "PutMetricAlarm", "LimitExceeded",
+                        "too many alarms")
+    assert any("DeleteScalingPolicy" in line for line in lines)
+    held = inventory(target)
+    assert held["scalable_targets"] == [] and held["endpoints"] == [] and held["alarms"] == []
 
 
 # --- bad input ------------------------------------------------------------------------------------
@@ -171,9 +259,18 @@ def test_a_refused_policy_rolls_back_the_target_and_the_endpoint(target, build, 
     (["--level", "6", "--plan", "--min-replicas", "5", "--max-replicas", "2"],
      ["--min-replicas 5 is greater than --max-replicas 2"]),
     (["--level", "6", "--plan", "--target-waiting", "-1"], ["--target-waiting -1.0 must be >= 0"]),
+    (["--level", "3", "--plan", "--scale-to-zero"], ["--scale-to-zero need", "--autoscale-max"]),
+    (["--level", "3", "--plan", "--scale-to-zero", "--autoscale-min", "1", "--autoscale-max", "2"],
+     ["--autoscale-min 1 with --scale-to-zero"]),
+    (["--level", "2", "--plan", "--scale-to-zero", "--autoscale-max", "2"],
+     ["--scale-to-zero: level 2 deploys its model on the endpoint's variant", "levels 3, 4 and 5"]),
+    (["--level", "5", "--plan", "--instance-type", "ml.m6i.xlarge", "--scale-to-zero", "--autoscale-max", "2",
+      "--multi-model", "s3://bucket/models/"], ["--scale-to-zero with --multi-model"]),
+    (["--level", "3", "--scale-to-zero", "--autoscale-max", "2"], ["nothing is autoscaled on --target local"]),
 ], ids=["min-above-max", "target-zero", "target-negative", "concurrency-needs-target", "min-zero", "target-alone",
         "level-1", "local", "level-2-local", "level-6-sagemaker-flags", "level-3-hpa-flags", "adapters",
-        "level-6-min-above-max", "level-6-negative-waiting"])
+        "level-6-min-above-max", "level-6-negative-waiting", "zero-needs-max", "zero-with-min", "zero-level-2",
+        "zero-multi-model", "zero-local"])
 def test_bad_autoscaling_input_exits_2_naming_the_value(capsys, argv, expected):
     code, _, err = run(capsys, *argv)
     assert code == 2, err
