@@ -37,6 +37,22 @@ def test_the_default_rendered_config_deploys_as_written(byo_ray_app):
     assert requests.get(byo_ray_app["url"] + "/ping", timeout=30).status_code == 200
 
 
+def test_rays_own_processes_run_the_lighter_control_plane(byo_ray_app):
+    """The local Ray's environment (LOCAL_CONTROL_PLANE_ENV) reaches the processes Ray starts,
+    which read it as they start: a task (no CPU reserved) reports what it sees."""
+    import os
+
+    import ray
+
+    from options.eks.ray_local import LOCAL_CONTROL_PLANE_ENV
+
+    @ray.remote(num_cpus=0)
+    def seen(names):
+        return {name: os.environ.get(name) for name in names}
+
+    assert ray.get(seen.remote(list(LOCAL_CONTROL_PLANE_ENV)), timeout=60) == LOCAL_CONTROL_PLANE_ENV
+
+
 def test_openai_sdk_chat_completion_and_stream(byo_ray_app, tiny_model):
     client = openai_client(byo_ray_app)
     more = {"ignore_eos": True}
