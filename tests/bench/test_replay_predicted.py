@@ -6,7 +6,9 @@ conversation trace replayed open-loop at that load, re-predicted by ``cost simul
 --predict-replay`` from that profile. Each profile ends by saturating the server with the
 replay's own request mix (``--replay`` on the profile: the same window and clipping), the fit's
 measure of capacity itself. A profile right before each replay: this machine's speed moves
-between minutes, and a prediction is judged against a measurement of the same spell. Every
+between minutes, and a prediction is judged against a measurement of the same spell; a second
+profile right after it says how far the speed moved meanwhile (its prediction is recorded
+beside, not judged). Every
 figure is written to ``$SPECTRUM_VALIDATION_OUT`` (default: the test's temporary folder) as
 JSON, the README's table comes from it.
 
@@ -53,26 +55,39 @@ def validation(tiny_model, tmp_path_factory):
     results = {}
     with LocalServer(env, log_path=folder / "server.log") as server:
         server.wait_ready()
-        for load in LOADS:
-            bench = folder / f"capacity-{load}.json"
+        def profile(path: Path) -> None:
             _run("options.bench", "--no-progress", "--profile", "capacity", "--url", server.url, "--level", "5",
-                 "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP, "--json", str(bench))
+                 "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP, "--json", str(path))
+
+        def predict(replay: Path, bench: Path) -> dict:
+            return json.loads(_run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench),
+                                   "--json").stdout)
+
+        for load in LOADS:
+            bench, after = folder / f"capacity-{load}.json", folder / f"capacity-after-{load}.json"
+            profile(bench)
             replay = folder / f"replay-{load}.json"
             _run("options.bench", "--no-progress", "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP,
                  "--load", load, "--capacity", str(bench), "--url", server.url, "--level", "5", "--json", str(replay))
-            predicted = _run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench), "--json")
-            results[load] = {"prediction": json.loads(predicted.stdout),
+            # The same server profiled again right after the replay: how far its speed moved while
+            # the replay ran (recorded beside the prediction, which uses the profile before).
+            profile(after)
+            results[load] = {"prediction": predict(replay, bench), "after": predict(replay, after),
                              "replay": json.loads(replay.read_text())["replay"],
                              "capacity": json.loads(bench.read_text())}
     (folder / "validation.json").write_text(json.dumps(
-        {load: {**r["prediction"], "replay_summary": r["replay"]["summary"]} for load, r in results.items()}, indent=2))
+        {load: {**r["prediction"], "replay_summary": r["replay"]["summary"],
+                "profile_after": {k: r["after"][k] for k in ("predicted", "ratio", "saturated_output_tok_s")}}
+         for load, r in results.items()}, indent=2))
     for load, r in results.items():
-        p = r["prediction"]
+        p, a = r["prediction"], r["after"]
         band = p["sensitivity"]
-        print(f"load {load}: " + "; ".join(f"{m} {s} predicted {p['predicted'][m][s]} measured "
-                                           f"{p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]} (capacity "
-                                           f"±5 %: {band['predicted_faster'][m][s]}-{band['predicted_slower'][m][s]})"
-                                           for m in ("ttft_ms", "e2e_ms") for s in ("p50", "p99")))
+        print(f"load {load} (saturated {p['saturated_output_tok_s']} tok/s before the replay, "
+              f"{a['saturated_output_tok_s']} after): " + "; ".join(
+                  f"{m} {s} predicted {p['predicted'][m][s]} (profile after: {a['predicted'][m][s]}) measured "
+                  f"{p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]} ({a['ratio'][m][s]}) (capacity "
+                  f"±5 %: {band['predicted_faster'][m][s]}-{band['predicted_slower'][m][s]})"
+                  for m in ("ttft_ms", "e2e_ms") for s in ("p50", "p99")))
     return results
 
 
