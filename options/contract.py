@@ -282,16 +282,17 @@ class _OpenAI(Dialect):
                     stream=bool(body.get("stream", False)),
                     ignore_eos=bool(body.get("ignore_eos", False)), priority=body.get("priority"))
 
-    def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
+    def _text_field(self, choice: dict[str, Any], streaming: bool) -> Any:
+        """The choice's text as the wire has it (absent, a string, or content parts)."""
         raise NotImplementedError
 
-    def _text_field(self, choice: dict[str, Any]) -> Any:
-        raise NotImplementedError
+    def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
+        return _content_text(self._text_field(choice, streaming))
 
     def _carries_token(self, choice: dict[str, Any]) -> bool:
         """A streamed choice with a text field but no text still brought a token, unless it
         only says the finish reason."""
-        return isinstance(self._text_field(choice), str) and not choice.get("finish_reason")
+        return isinstance(self._text_field(choice, True), str) and not choice.get("finish_reason")
 
     def result_from_wire(self, body: Any) -> Result:
         choices = body.get("choices") or [{}]
@@ -330,10 +331,7 @@ class OpenAICompletions(_OpenAI):
             raise BadInput(f"prompt must be a string, got {prompt!r}")
         return Request(prompt=prompt, **self._common_back(body))
 
-    def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
-        return choice.get("text") or ""
-
-    def _text_field(self, choice: dict[str, Any]) -> Any:
+    def _text_field(self, choice: dict[str, Any], streaming: bool) -> Any:
         return choice.get("text")
 
     def result_to_wire(self, res: Result) -> dict[str, Any]:
@@ -385,12 +383,8 @@ class OpenAIChat(_OpenAI):
                               **self._common_back(body),
                               **_opt(tools=body.get("tools"), tool_choice=body.get("tool_choice")))
 
-    def _choice_text(self, choice: dict[str, Any], streaming: bool) -> str:
-        part = choice.get("delta" if streaming else "message") or {}
-        return _content_text(part.get("content"))
-
-    def _text_field(self, choice: dict[str, Any]) -> Any:
-        return (choice.get("delta") or {}).get("content")
+    def _text_field(self, choice: dict[str, Any], streaming: bool) -> Any:
+        return (choice.get("delta" if streaming else "message") or {}).get("content")
 
     def result_to_wire(self, res: Result) -> dict[str, Any]:
         return {"object": "chat.completion",
