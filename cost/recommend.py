@@ -180,9 +180,9 @@ def _number(x: float) -> str:
 
 
 def _sagemaker_metric_names() -> dict[str, str]:
-    """AWS's predefined metric name -> the short name --autoscale-metric takes, from the simulator's
-    own policy (so the two cannot drift apart)."""
-    from cost.simulate.scaling import SAGEMAKER_METRIC_NAMES
+    """AWS's predefined metric name -> the short name --autoscale-metric takes (one table for the
+    simulator and options.deploy, so the two cannot drift apart)."""
+    from options.core.autoscaling import SAGEMAKER_METRIC_NAMES
     return {name: metric for (metric, _), name in SAGEMAKER_METRIC_NAMES.items()}
 
 

@@ -35,9 +35,10 @@ from cost.prices import HOURS_PER_MONTH
 from cost.simulate import fleet as fleet_mod
 from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThroughput, batch_run, simulate_bedrock
 from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
-from cost.simulate.scaling import SAGEMAKER_METRIC_NAMES, QueueDepth, RayServe, TargetTracking, default
+from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
 from cost.simulate.spot import SpotMarket
 from options.core import BadInput
+from options.core.autoscaling import SAGEMAKER_METRIC_NAMES
 
 INVOCATIONS_METRICS = {name for (metric, _), name in SAGEMAKER_METRIC_NAMES.items() if metric == "invocations"}
 

@@ -31,18 +31,10 @@ from pathlib import Path
 from typing import Any
 
 from options.core import BadInput
-from options.core.autoscaling import HPA_BEHAVIOUR, HpaBehaviour
+from options.core.autoscaling import HPA_BEHAVIOUR, SAGEMAKER_METRIC_NAMES, HpaBehaviour
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SAGEMAKER_METRICS = ("invocations", "concurrency")
-# AWS's predefined metric for each, on a variant's instances or (scale to zero) an inference
-# component's copies: what options.deploy --autoscale-metric [--scale-to-zero] registers.
-SAGEMAKER_METRIC_NAMES = {
-    ("invocations", "instances"): "SageMakerVariantInvocationsPerInstance",
-    ("concurrency", "instances"): "SageMakerVariantConcurrentRequestsPerModelHighResolution",
-    ("invocations", "copies"): "SageMakerInferenceComponentInvocationsPerCopy",
-    ("concurrency", "copies"): "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution",
-}
 
 
 @lru_cache(maxsize=1)

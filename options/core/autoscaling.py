@@ -1,8 +1,10 @@
-"""The autoscalers' behaviour that rung 6 renders and the simulator simulates: one set of numbers.
+"""The autoscalers' behaviour that the deploy commands set and the simulator simulates: one set
+of numbers and names.
 
-``infra/eks`` writes them into the HorizontalPodAutoscaler's ``behavior``; ``cost.simulate``'s
-queue-depth policy applies the same limits, so what ``cost simulate`` predicts for rung 6 is what
-the rendered manifests do.
+``infra/eks`` writes ``HPA_BEHAVIOUR`` into the HorizontalPodAutoscaler's ``behavior``;
+``cost.simulate``'s queue-depth policy applies the same limits, so what ``cost simulate`` predicts
+for rung 6 is what the rendered manifests do. ``SAGEMAKER_METRIC_NAMES`` are the predefined metrics
+``options.deploy --autoscale-metric [--scale-to-zero]`` registers and the simulator names.
 """
 from __future__ import annotations
 
@@ -21,3 +23,14 @@ class HpaBehaviour:
 
 
 HPA_BEHAVIOUR = HpaBehaviour()
+
+# Application Auto Scaling's predefined SageMaker metrics, by (--autoscale-metric, what scales):
+# invocations a minute (one datapoint a minute) or requests in flight (high resolution: every
+# 10 s, so a burst is seen sooner), on a variant's instances or, with --scale-to-zero, an
+# inference component's copies.
+SAGEMAKER_METRIC_NAMES = {
+    ("invocations", "instances"): "SageMakerVariantInvocationsPerInstance",
+    ("concurrency", "instances"): "SageMakerVariantConcurrentRequestsPerModelHighResolution",
+    ("invocations", "copies"): "SageMakerInferenceComponentInvocationsPerCopy",
+    ("concurrency", "copies"): "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution",
+}

@@ -505,9 +505,10 @@ def down(endpoint_name: str, target, progress: Progress = say, poll_s: float | N
         cloudwatch.delete_alarms(AlarmNames=[alarm])
         removed.append(f"alarm {alarm}")
         progress(f"- alarm {alarm}")
+    scaling = target.client("application-autoscaling")
     for resource_id, dimension in ((scaling_resource_id(endpoint_name), SCALABLE_DIMENSION),
                                    (component_scaling_resource_id(base), COMPONENT_SCALABLE_DIMENSION)):
-        removed += _down_scaling(target.client("application-autoscaling"), resource_id, dimension, progress)
+        removed += _down_scaling(scaling, resource_id, dimension, progress)
 
     try:
         found = sm.describe_endpoint(EndpointName=endpoint_name)

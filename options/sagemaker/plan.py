@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from options.core import BadInput
+from options.core.autoscaling import SAGEMAKER_METRIC_NAMES
 from options.plan import Plan, Step
 
 VARIANT = "AllTraffic"
@@ -29,20 +30,13 @@ MAX_NAME = 63
 
 # ----------------------------------------------------------------------------------- specs
 
-# Application Auto Scaling's predefined metrics for a variant, by the name --autoscale-metric
-# takes: invocations per instance per minute (one datapoint a minute), or requests in flight per
-# model copy (high resolution: every 10 s, so it reacts to a burst sooner).
-AUTOSCALE_METRICS = {
-    "invocations": "SageMakerVariantInvocationsPerInstance",
-    "concurrency": "SageMakerVariantConcurrentRequestsPerModelHighResolution",
-}
+# Application Auto Scaling's predefined metrics (options.core.autoscaling), by the name
+# --autoscale-metric takes: for a variant's instances, and with --scale-to-zero the inference
+# component's copies.
+AUTOSCALE_METRICS = {m: name for (m, scales), name in SAGEMAKER_METRIC_NAMES.items() if scales == "instances"}
+COMPONENT_METRICS = {m: name for (m, scales), name in SAGEMAKER_METRIC_NAMES.items() if scales == "copies"}
 AUTOSCALE_UNITS = {"invocations": "invocations per instance per minute",
                    "concurrency": "concurrent requests per model copy"}
-# With --scale-to-zero the inference component's copies scale, on the same two measures per copy.
-COMPONENT_METRICS = {
-    "invocations": "SageMakerInferenceComponentInvocationsPerCopy",
-    "concurrency": "SageMakerInferenceComponentConcurrentRequestsPerCopyHighResolution",
-}
 COMPONENT_UNITS = {"invocations": "invocations per copy per minute",
                    "concurrency": "concurrent requests per copy"}
 # Waking from zero copies (AWS: "Scale an endpoint to zero instances"): a request that finds no
