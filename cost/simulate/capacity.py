@@ -36,6 +36,14 @@ Two ways to get a model:
   extrapolates: near capacity, 10-20 % too much of it turned a measured queue of seconds into a
   predicted one of milliseconds. So its relative error weighs as much as every other point's
   together (``saturation_weight``).
+  Then, at a steady partial load of that mix (Poisson arrivals), each request's own time per
+  output token against what its decode steps held, requests grouped by the batch they met
+  (``steady_terms``): the regime a replay below capacity lives in. Bursts alone misjudge it: over
+  four validation runs (12 profiles, 21 predictions) a fit of bursts and saturation predicted
+  E2E at half capacity 15-19 % long in every run, because a linear step model drawn between
+  small synchronous bursts and a full batch is too slow in between. Each steady group weighs
+  ``STEADY_WEIGHT`` points (compared offline over those runs: 1 helped less below capacity, 6
+  made the 130 % predictions worse).
 - ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
   when no capacity bench exists (see ``GPU_DEFAULTS``).
 """
@@ -313,6 +321,16 @@ def saturation_terms(batch: float, input_tokens: float, output_tokens: float) ->
     return [1.0 / b, 1.0, i + o / 2, i / o, 0.0]
 
 
+def steady_terms(decoding_seqs: float, kv_tokens: float, prefill_tokens_per_s: float,
+                 tpot_s: float) -> list[float]:
+    """The terms of the time per output token of requests decoding beside ``decoding_seqs``
+    sequences (themselves included) that hold ``kv_tokens`` KV tokens, while prompts are prefilled
+    at ``prefill_tokens_per_s``: each of their steps is ``step_s(seqs, kv, prefill)``, and the
+    prompt tokens one of their steps carries on average are that rate times the step, the
+    measured time per token (so the row stays linear in the coefficients)."""
+    return [1.0, decoding_seqs, kv_tokens, prefill_tokens_per_s * tpot_s, 0.0]
+
+
 def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
     """The terms of one measured point's latency (a fit row), from its kind and sizes."""
     budget, seqs_cap = limits["max_num_batched_tokens"], limits["max_num_seqs"]
@@ -333,21 +351,36 @@ def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
         return [a + b for a, b in zip(ttft[0], waiting)]
     if kind == "saturation":            # the whole server's time per output token, batch full
         return saturation_terms(point["running_seqs"], point["input_tokens"], point["output_tokens"])
+    if kind == "steady":                # requests' time per output token at a steady partial load
+        return steady_terms(point["decoding_seqs"], point["kv_tokens"], point["prefill_tokens_per_s"],
+                            point["tpot_s"])
     raise BadInput(f"capacity_profile point kind {kind!r} is not one of {', '.join(KINDS)}")
 
 
-MEASURED = {"prefill": "ttft_s", "decode": "step_s", "mixed": "ttft_s", "saturation": "token_s"}
+MEASURED = {"prefill": "ttft_s", "decode": "step_s", "mixed": "ttft_s", "saturation": "token_s",
+            "steady": "tpot_s"}
 NEEDS = {"prefill": ("prompt_tokens", "ttft_s"),
          "decode": ("requests", "prompt_tokens", "output_tokens", "step_s"),
          "mixed": ("background_seqs", "background_kv_tokens", "prompt_tokens", "ttft_s"),
-         "saturation": ("running_seqs", "input_tokens", "output_tokens", "token_s")}
+         "saturation": ("running_seqs", "input_tokens", "output_tokens", "token_s"),
+         "steady": ("decoding_seqs", "kv_tokens", "prefill_tokens_per_s", "tpot_s")}
 KINDS = tuple(MEASURED)
+# A steady group's weight in the fit (see the module docstring).
+STEADY_WEIGHT = 3.0
 
 
 def saturation_weight(points: int) -> float:
     """The saturation point's weight in the fit (on its relative error): its square is the
     number of the other points, so it counts as much as all of them together."""
     return math.sqrt(max(1, points))
+
+
+def _weights(points: list[dict[str, Any]]) -> list[float]:
+    """Each point's weight on its relative error: saturation ``saturation_weight``, a steady
+    group ``STEADY_WEIGHT``, any other 1."""
+    others = len(points) - 1
+    return [saturation_weight(others) if p["kind"] == "saturation" else STEADY_WEIGHT if p["kind"] == "steady"
+            else 1.0 for p in points]
 
 
 def fit_capacity(profile: dict, origin: str) -> CapacityModel:
@@ -385,6 +418,9 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
         if kind == "saturation" and not (point["running_seqs"] >= 1 and point["output_tokens"] >= 1):
             raise BadInput(f"{where}.points[{n}] (saturation) needs running_seqs >= 1 and "
                            "output_tokens >= 1")
+        if kind == "steady" and not point["decoding_seqs"] >= 1:
+            raise BadInput(f"{where}.points[{n}] (steady) needs decoding_seqs >= 1 (the request itself "
+                           f"decodes), got {point['decoding_seqs']!r}")
         if kind == "decode" and not (point["requests"] >= 1 and point["output_tokens"] >= 2):
             raise BadInput(f"{where}.points[{n}] (decode) needs requests >= 1 and output_tokens >= 2 "
                            f"(a time per output token after the first)")
@@ -394,8 +430,7 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
                        f"{', '.join(sorted(kinds)) or 'none'})")
     rows = np.array([point_terms(p, limits) for p in points], dtype=float)
     measured = np.array([p[MEASURED[p["kind"]]] for p in points], dtype=float)
-    weights = np.array([saturation_weight(len(points) - 1) if p["kind"] == "saturation" else 1.0
-                        for p in points])
+    weights = np.array(_weights(points))
     coef = _nonnegative_least_squares(rows / measured[:, None] * weights[:, None], weights)
     values = {name: float(v) for name, v in zip(COEFFICIENTS, coef)}
     if values["step_base_s"] + values["step_per_seq_s"] <= 0:
@@ -410,7 +445,8 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
              for kind, tol in TOLERANCE.items() if kind in worst}
     fit = {"method": "non-negative least squares on relative errors"
                      + (", the saturation point weighted as all the others together"
-                        if "saturation" in kinds else ""),
+                        if "saturation" in kinds else "")
+                     + (f", each steady group as {STEADY_WEIGHT:g} points" if "steady" in kinds else ""),
            "points": fitted, "worst_residual": worst,
            "rms_residual": float(np.sqrt(np.mean((predicted / measured - 1) ** 2))),
            "check": check, "within_tolerance": all(c["ok"] for c in check.values())}

@@ -26,6 +26,13 @@ spell of a noisy machine lands on several points a little instead of on one a lo
   read across ``SATURATION_WINDOW_S``: output tokens a second, and the batch that made them.
   What the replay at a --load of this profile will meet near capacity, measured instead of
   extrapolated from bursts of short prompts.
+- after saturation, steady: the same mix sent open loop, Poisson arrivals offering
+  ``STEADY_LOAD`` of the output tok/s just measured, for ``STEADY_WINDOW_S``. For each answered
+  request: its time per output token, and what its decode steps held on average (sequences
+  decoding, their KV tokens, prompt tokens prefilled a second), read from every request's first
+  and last token times; requests grouped by that batch into up to ``STEADY_GROUPS`` points. The
+  regime a replay below capacity meets, where bursts (all sequences synchronous, no prompt
+  arriving) misjudge the step.
 
 The server's limits come from ``--max-num-seqs``, ``--max-num-batched-tokens`` and
 ``--kv-cache-tokens`` where given, else from what the server says (``GET /v1/models``:
@@ -86,6 +93,14 @@ SATURATION_IN_FLIGHT = 1.25
 SATURATION_WARMUP_S = 6.0
 SATURATION_WINDOW_S = 12.0
 SATURATION_SAMPLE_S = 0.5
+# The steady points: the load offered (of the saturated output tok/s), how long arrivals last,
+# how many groups the answered requests make (each of at least STEADY_MIN_GROUP requests), and
+# the shortest answer that says a time per token.
+STEADY_LOAD = 0.6
+STEADY_WINDOW_S = 10.0
+STEADY_GROUPS = 6
+STEADY_MIN_GROUP = 12
+STEADY_MIN_OUTPUT = 8
 # Planning when the server does not say its max_model_len (a SageMaker endpoint, a plain URL).
 ASSUMED_MAX_MODEL_LEN = 2048
 # vLLM 0.32's limits when none are set (engine/arg_utils.py, OpenAI API server): on CPU, the
@@ -349,6 +364,7 @@ class Collected:
     mixed: list[dict[str, float]] = field(default_factory=list)
     mixed_background: list[RequestRecord] = field(default_factory=list)
     saturation: dict[str, Any] | None = None
+    steady: list[dict[str, Any]] = field(default_factory=list)
     started_at: str | None = None
 
 
@@ -492,6 +508,83 @@ def measure_saturation(m: Measurer, url: str | None, mix: list[tuple[int, int]],
             "requests_answered": len(answered), "requests_failed": sum(failed.values())}, None
 
 
+def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str, Any],
+                   load: float = STEADY_LOAD, window_s: float = STEADY_WINDOW_S
+                   ) -> tuple[list[dict[str, Any]], str | None]:
+    """The steady points (see the module docstring), or none and why."""
+    import numpy as np
+
+    from options.bench.replay import send_open_loop
+
+    mean_out = statistics.mean(o for _, o in mix)
+    rate = load * saturation["output_tokens_per_second"] / mean_out          # requests a second
+    arrivals = np.cumsum(np.random.default_rng(m.seed * 7_919 + 3).exponential(1 / rate, math.ceil(rate * window_s)))
+    sizes = [mix[i % len(mix)] for i in range(len(arrivals))]
+    words = m.tokens or PromptTokens()
+
+    def build(i: int):
+        rng = random.Random(m.seed * 100_003 + 90_000 + i)
+        return replace(m.template, prompt=make_prompt(rng, words.words_for(sizes[i][0]), 3_000_000 + i),
+                       messages=None, max_tokens=sizes[i][1], stream=True)
+
+    run = send_open_loop(arrivals.tolist(), build, m.send, [i for i, _ in sizes])
+    for rec in run.records:
+        m.on_request(rec)
+    points = steady_points(run.sent_s, run.records)
+    if not points:
+        failed = sum(1 for r in run.records if not r.ok)
+        return [], (f"steady: too few answers to group ({len(run.records) - failed} of {len(run.records)} "
+                    f"answered, {STEADY_MIN_GROUP} needed a group): left out")
+    return [{**p, "load": load, "request_rate": rate} for p in points], None
+
+
+def steady_points(sent_s: list[float | None], records: list[RequestRecord],
+                  groups: int = STEADY_GROUPS, min_group: int = STEADY_MIN_GROUP,
+                  samples: int = 32) -> list[dict[str, Any]]:
+    """Group open-loop requests by the batch their decode met: the ``steady`` points.
+
+    A request decodes from its first token to its last (client times: send + TTFT, send + E2E).
+    At ``samples`` instants evenly inside its decode: how many requests were decoding (it included),
+    and their KV tokens (prompt, plus the answer so far, taken as even over the decode). Prompt
+    tokens prefilled a second: those of the requests whose first token came while it decoded.
+    Requests with at least ``STEADY_MIN_OUTPUT`` tokens are sorted by their batch and cut into
+    ``groups`` groups of equal size (fewer where a group would have under ``min_group``); a
+    point is a group's means, and its median time per output token.
+    """
+    import numpy as np
+
+    done = [(s, r) for s, r in zip(sent_s, records)
+            if s is not None and r.ok and r.ttft_s is not None and r.e2e_s is not None and r.output_tokens
+            and r.input_tokens is not None]
+    if not done:
+        return []
+    first = np.array([s + r.ttft_s for s, r in done])
+    last = np.array([s + r.e2e_s for s, r in done])
+    prompt = np.array([r.input_tokens for _, r in done], dtype=float)
+    answer = np.array([r.output_tokens for _, r in done], dtype=float)
+    rows = []
+    for j, (_, r) in enumerate(done):
+        if r.output_tokens < STEADY_MIN_OUTPUT or r.tpot_s is None or last[j] <= first[j]:
+            continue
+        at = first[j] + (np.arange(samples)[:, None] + 0.5) / samples * (last[j] - first[j])
+        live = (first[None, :] <= at) & (last[None, :] > at)
+        made = answer * np.clip((at - first) / np.maximum(last - first, 1e-9), 0.0, 1.0)
+        kv = np.where(live, prompt + made, 0.0).sum(axis=1)
+        arrived = (first > first[j]) & (first <= last[j])
+        rows.append((live.sum(axis=1).mean(), kv.mean(), prompt[arrived].sum() / (last[j] - first[j]), r.tpot_s))
+    count = min(groups, len(rows) // min_group)
+    if count < 1:
+        return []
+    rows.sort()
+    points = []
+    for part in np.array_split(np.array(rows), count):
+        points.append({"kind": "steady", "decoding_seqs": float(part[:, 0].mean()),
+                       "kv_tokens": float(part[:, 1].mean()), "prefill_tokens_per_s": float(part[:, 2].mean()),
+                       "tpot_s": float(np.median(part[:, 3])), "requests": len(part),
+                       "decoding_seqs_min": float(part[:, 0].min()), "decoding_seqs_max": float(part[:, 0].max())})
+    return points
+
+
 def _decode_step_estimate(got: Collected, concurrency: int) -> float:
     """The measured time per output token at the decode point nearest ``concurrency``."""
     if not got.decode:
@@ -555,9 +648,10 @@ def capacity_profile(plan: CapacityPlan, got: Collected, limits: ServerLimits, r
         notes.append("mixed: no prompt arrived while the whole background was decoding")
     if got.saturation is not None:
         points.append(got.saturation)
-    order = {"prefill": 0, "decode": 1, "mixed": 2, "saturation": 3}
-    points.sort(key=lambda p: (order[p["kind"]], p.get("prompt_tokens", 0) if p["kind"] != "decode"
-                               else (round(p["prompt_tokens"], -2), p["requests"])))
+    points += got.steady
+    order = {"prefill": 0, "decode": 1, "mixed": 2, "saturation": 3, "steady": 4}
+    points.sort(key=lambda p: (order[p["kind"]], (round(p["prompt_tokens"], -2), p["requests"]) if p["kind"] == "decode"
+                               else p.get("decoding_seqs", p.get("prompt_tokens", 0))))
     profile = {"schema": "spectrum.capacity_profile/1", "limits": dict(limits.values),
                "limit_sources": dict(limits.sources), "rounds": rounds, "points": points,
                "method": {"decode_prompt_tokens": DECODE_PROMPT_TOKENS,
@@ -610,9 +704,12 @@ def bench_capacity(args, template, send, details, console, mix: list[tuple[int, 
             bar.update(task, phase=f"saturation: the trace's mix, {len(mix):,} request sizes")
             got.saturation, saturation_note = measure_saturation(
                 measurer, details.get("url"), mix, limits["max_num_seqs"])
+        steady_note = None
+        if got.saturation is not None:
+            bar.update(task, phase=f"steady: the trace's mix at {STEADY_LOAD:.0%} of the saturated rate")
+            got.steady, steady_note = measure_steady(measurer, mix, got.saturation)
     profile, notes = capacity_profile(plan, got, limits, args.rounds)
-    if saturation_note:
-        notes.append(saturation_note)
+    notes += [note for note in (saturation_note, steady_note) if note]
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
     kinds = {p["kind"] for p in profile["points"]}
@@ -664,7 +761,9 @@ def render_tables(model, profile: dict[str, Any]):
     fit = model.fit
     points = Table(title="capacity profile: measured vs the fitted model",
                    caption="prefill: TTFT of one request on an idle server; decode: median time per "
-                           "output token in bursts of c requests; mixed: TTFT of a prompt while others decode")
+                           "output token in bursts of c requests; mixed: TTFT of a prompt while others decode; "
+                           "saturation: time per output token of the whole server; steady: median time per "
+                           "output token of requests that met that batch")
     for col in ("point", "KV tokens", "measured ms", "fitted ms", "residual"):
         points.add_column(col, justify="left" if col == "point" else "right")
     bursts = Table(title="bursts: TTFT p50 (not fitted; includes the front end taking requests in turn)")
@@ -682,6 +781,10 @@ def render_tables(model, profile: dict[str, Any]):
             label = (f"saturation: {p['running_seqs']:.0f} running, the trace's mix "
                      f"({p['input_tokens']:,.0f} in / {p['output_tokens']:,.0f} out)")
             kv = p["running_seqs"] * (p["input_tokens"] + p["output_tokens"] / 2)
+        elif p["kind"] == "steady":
+            label = (f"steady at {p.get('load', STEADY_LOAD):.0%}: {p['decoding_seqs']:.1f} decoding, "
+                     f"{p['prefill_tokens_per_s']:,.0f} prompt tok/s ({p.get('requests', '?')} requests)")
+            kv = p["kv_tokens"]
         else:
             label = f"mixed {p['prompt_tokens']:,.0f} tok + {p['background_seqs']} decoding"
             kv = p["background_kv_tokens"] + p["prompt_tokens"]
@@ -712,6 +815,13 @@ def render_tables(model, profile: dict[str, Any]):
                      f"(worst {c['worst']:.1%})")
     if "mixed" in fit["worst_residual"]:
         lines.append(f"mixed point (prefill inside a decode batch): {fit['worst_residual']['mixed']:.1%} off")
+    if "steady" in fit["worst_residual"]:
+        lines.append(f"steady points (the trace's mix at {STEADY_LOAD:.0%} load): worst "
+                     f"{fit['worst_residual']['steady']:.1%} off")
+        if not fit["check"].get("decode", {}).get("ok", True):
+            lines.append("the decode bursts and the steady points disagree (a burst's synchronous steps are "
+                         "slower than a steady load's at the same batch): the fit weighs the steady points, "
+                         "the regime a replay below capacity meets")
     if "saturation" in fit["worst_residual"]:
         sat = next(p for p in fit["points"] if p["kind"] == "saturation")
         lines.append(f"saturation with the trace's mix: {sat['output_tokens_per_second']:,.0f} output tok/s "

@@ -13,7 +13,9 @@ import sys
 import pytest
 
 from cost.simulate.capacity import TOLERANCE, load_capacity
-from options.bench.capacity import CapacityPlan, ServerLimits, _configured_limits, kv_cache_from_metrics
+from options.bench.capacity import (STEADY_MIN_OUTPUT, CapacityPlan, ServerLimits, _configured_limits,
+                                    kv_cache_from_metrics, steady_points)
+from options.bench.metrics import RequestRecord
 from options.core import BadInput
 
 MAX_MODEL_LEN = 1024
@@ -73,6 +75,43 @@ def test_a_started_servers_limits_are_read_as_the_server_reads_them(monkeypatch)
     got = _configured_limits(args)
     assert got["max_num_seqs"][0] == 16 and "OPTION_MAX_ROLLING_BATCH_SIZE=16" in got["max_num_seqs"][1]
     assert got["max_num_batched_tokens"][0] == 4096
+
+
+def _answered(prompt: int, first_s: float, tokens: int, tpot_s: float) -> RequestRecord:
+    return RequestRecord(ttft_s=first_s, e2e_s=first_s + (tokens - 1) * tpot_s, input_tokens=prompt,
+                         output_tokens=tokens)
+
+
+def test_steady_points_group_requests_by_the_batch_their_decode_met():
+    # 24 requests decoding side by side (first token at 10 ms, 20 tokens 2 ms apart), then 24
+    # decoding alone, one after another: two batches, two groups, each as it was.
+    together = [(0.0, _answered(100, 0.010, 20, 0.002)) for _ in range(24)]
+    alone = [(1.0 + k, _answered(300, 0.010, 20, 0.004)) for k in range(24)]
+    sent, records = zip(*(together + alone))
+    points = steady_points(list(sent), list(records), groups=6, min_group=12)
+    assert [p["requests"] for p in points] == [12, 12, 12, 12][:len(points)] and len(points) == 4
+    lone, full = points[0], points[-1]
+    assert lone["decoding_seqs"] == pytest.approx(1.0) and lone["tpot_s"] == pytest.approx(0.004)
+    assert lone["kv_tokens"] == pytest.approx(300 + 10, rel=0.02)      # its prompt and half its answer
+    assert full["decoding_seqs"] == pytest.approx(24.0) and full["tpot_s"] == pytest.approx(0.002)
+    assert full["kv_tokens"] == pytest.approx(24 * (100 + 10), rel=0.02)
+    assert lone["prefill_tokens_per_s"] == 0 and full["prefill_tokens_per_s"] == 0   # none arrived meanwhile
+
+
+def test_a_steady_point_counts_the_prompts_prefilled_while_it_decodes():
+    # A long answer (first token at 0.01 s, last at 1.01 s) while 30 short requests get their
+    # first token inside it: 30 × 200 prompt tokens in 1 s. Too few answers make no point.
+    long = (0.0, _answered(50, 0.01, 101, 0.01))
+    short = [(0.1 + 0.02 * k, _answered(200, 0.005, STEADY_MIN_OUTPUT, 0.001)) for k in range(30)]
+    sent, records = zip(long, *short)
+    points = steady_points(list(sent), list(records), groups=1, min_group=31)
+    assert points[0]["prefill_tokens_per_s"] > 0
+    by_itself = steady_points(list(sent), list(records), groups=31, min_group=1)
+    top = max(by_itself, key=lambda p: p["tpot_s"])
+    assert top["tpot_s"] == pytest.approx(0.01) and top["prefill_tokens_per_s"] == pytest.approx(30 * 200, rel=1e-6)
+    failed = [RequestRecord(error="http_503")] * 40
+    assert steady_points([0.0] * 40, failed) == []
+    assert steady_points(list(sent), list(records), groups=6, min_group=40) == []
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -158,6 +158,42 @@ def test_a_slower_saturation_pulls_the_fitted_capacity_to_it():
         fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + [bad]}, "x")
 
 
+def steady_point(truth: CapacityModel, decoding: float, kv: float, prefill_per_s: float,
+                 faster: float = 1.0) -> dict:
+    """Requests decoding beside ``decoding`` sequences that hold ``kv`` KV tokens while prompts
+    are prefilled at ``prefill_per_s``: their time per output token as ``truth`` gives it (each
+    step carries ``prefill_per_s`` × the step of prompt), divided by ``faster``."""
+    decode = truth.step_s(decoding, kv, 0)
+    tpot = decode / (1 - truth.prefill_per_token_s * prefill_per_s) / faster
+    return {"kind": "steady", "decoding_seqs": decoding, "kv_tokens": kv, "prefill_tokens_per_s": prefill_per_s,
+            "tpot_s": tpot}
+
+
+def test_steady_points_agree_with_the_model_and_pull_the_fit_to_them():
+    truth = model()
+    steady = [steady_point(truth, b, b * 500, 20 * b * 45) for b in (5, 10, 20, 30)]
+    for point in steady:          # the row's terms reproduce the step semantics exactly
+        assert sum(t * c for t, c in zip(point_terms(point, LIMITS), truth.coefficients())) == \
+            pytest.approx(point["tpot_s"])
+    exact = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + steady}, "s")
+    for name in COEFFICIENTS:
+        assert getattr(exact, name) == pytest.approx(getattr(truth, name), rel=1e-6), name
+    assert "each steady group as 3 points" in exact.fit["method"]
+    # The server decodes 15 % faster at a steady load than its bursts say: the fit moves toward
+    # the steady points (weighted 3 each), and says how far each is off.
+    faster = [steady_point(truth, b, b * 500, 20 * b * 45, faster=1.15) for b in (5, 10, 20, 30)]
+    plain = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth)}, "p")
+    pulled = fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + faster}, "s")
+    at_ten = [p for p in pulled.fit["points"] if p["kind"] == "steady"][1]
+    plain_at_ten = sum(t * c for t, c in zip(point_terms(faster[1], LIMITS), plain.coefficients()))
+    assert abs(at_ten["residual"]) < abs(plain_at_ten / faster[1]["tpot_s"] - 1) / 2
+    with pytest.raises(BadInput, match=r"\(steady\) needs decoding_seqs >= 1"):
+        fit_capacity({"limits": LIMITS, "points": synthetic_points(truth) + [{**steady[0], "decoding_seqs": 0.5}]}, "x")
+    with pytest.raises(BadInput, match=r"\(steady\) has no number 'prefill_tokens_per_s'"):
+        fit_capacity({"limits": LIMITS, "points": synthetic_points(truth)
+                      + [{k: v for k, v in steady[0].items() if k != "prefill_tokens_per_s"}]}, "x")
+
+
 def test_a_profile_without_prefill_or_decode_points_is_bad_input():
     decode_only = [p for p in synthetic_points(model()) if p["kind"] == "decode"]
     with pytest.raises(BadInput, match="needs prefill and decode points"):
