@@ -5,7 +5,8 @@ One bring-your-own server (vLLM on CPU, tiny model); for each of three offered l
 conversation trace replayed open-loop at that load, re-predicted by ``cost simulate
 --predict-replay`` from that profile. Each profile ends by saturating the server with the
 replay's own request mix (``--replay`` on the profile: the same window and clipping), the fit's
-measure of capacity itself. A profile right before each replay: this machine's speed moves
+measure of capacity itself, then by sending that mix at a steady 60 % of it (the steady points:
+the regime a replay below capacity meets). A profile right before each replay: this machine's speed moves
 between minutes, and a prediction is judged against a measurement of the same spell; a second
 profile right after it says how far the speed moved meanwhile (its prediction is recorded
 beside, not judged). Every
@@ -112,6 +113,20 @@ def test_each_profile_saturated_the_server_with_the_traces_mix_and_fits_it(valid
         assert sat["output_tokens"] == pytest.approx(sum(q["output_tokens"] for q in sent) / len(sent))
         assert sat["input_tokens"] == pytest.approx(sum(q["input_tokens"] for q in sent) / len(sent), rel=0.03)
         assert abs(sat["residual"]) < 0.05, (load, sat)                   # the fit reproduces it
+
+
+def test_each_profile_measured_the_steady_load_in_groups_by_batch(validation):
+    for load, r in validation.items():
+        fit = r["capacity"]["capacity_model"]["fit"]
+        steady = [p for p in fit["points"] if p["kind"] == "steady"]
+        assert len(steady) >= 3, (load, steady)
+        batches = [p["decoding_seqs"] for p in steady]
+        assert batches == sorted(batches) and batches[-1] > batches[0], (load, batches)
+        assert all(p["load"] == 0.6 and p["prefill_tokens_per_s"] > 0 for p in steady), (load, steady)
+        # what a request's decode met grows with its batch: more sequences, more KV, longer steps
+        assert steady[-1]["kv_tokens"] > steady[0]["kv_tokens"] and steady[-1]["tpot_s"] > steady[0]["tpot_s"], steady
+        assert "each steady group as 3 points" in fit["method"]
+        assert max(abs(p["residual"]) for p in steady) < 0.25, (load, steady)
 
 
 def test_at_half_capacity_the_prediction_is_within_a_factor_of_two_at_p50(validation):
