@@ -36,14 +36,15 @@ Two ways to get a model:
   extrapolates: near capacity, 10-20 % too much of it turned a measured queue of seconds into a
   predicted one of milliseconds. So its relative error weighs as much as every other point's
   together (``saturation_weight``).
-  Then, at a steady partial load of that mix (Poisson arrivals), each request's own time per
-  output token against what its decode steps held, requests grouped by the batch they met
-  (``steady_terms``): the regime a replay below capacity lives in. Bursts alone misjudge it: over
-  four validation runs (12 profiles, 21 predictions) a fit of bursts and saturation predicted
-  E2E at half capacity 15-19 % long in every run, because a linear step model drawn between
-  small synchronous bursts and a full batch is too slow in between. Each steady group weighs
-  ``STEADY_WEIGHT`` points (compared offline over those runs: 1 helped less below capacity, 6
-  made the 130 % predictions worse).
+  Then, at two steady partial loads of that mix (Poisson arrivals at 60 % and 85 % of the
+  saturated rate), each request's own time per output token against what its decode steps held,
+  requests grouped by the batch they met (``steady_terms``): the regime a replay below capacity
+  lives in. Bursts alone misjudge it: over four validation runs (12 profiles, 21 predictions) a
+  fit of bursts and saturation predicted E2E at half capacity 15-19 % long in every run, because
+  a linear step model drawn between small synchronous bursts and a full batch is too slow in
+  between. Each steady group weighs ``STEADY_WEIGHT`` points (compared offline over those runs:
+  1 helped less below capacity, 6 made the 130 % predictions worse); weighing the saturation
+  point as all of them together instead made 130 % worse again (README, run 9).
 - ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
   when no capacity bench exists (see ``GPU_DEFAULTS``).
 """

@@ -26,11 +26,12 @@ spell of a noisy machine lands on several points a little instead of on one a lo
   read across ``SATURATION_WINDOW_S``: output tokens a second, and the batch that made them.
   What the replay at a --load of this profile will meet near capacity, measured instead of
   extrapolated from bursts of short prompts.
-- after saturation, steady: the same mix sent open loop, Poisson arrivals offering
-  ``STEADY_LOAD`` of the output tok/s just measured, for ``STEADY_WINDOW_S``. For each answered
+- after saturation, steady: the same mix sent open loop, Poisson arrivals offering each of
+  ``STEADY_LOADS`` of the output tok/s just measured in turn, for ``STEADY_WINDOW_S``. For each answered
   request: its time per output token, and what its decode steps held on average (sequences
   decoding, their KV tokens, prompt tokens prefilled a second), read from every request's first
-  and last token times; requests grouped by that batch into up to ``STEADY_GROUPS`` points. The
+  and last token times; each load's requests grouped by that batch into up to ``STEADY_GROUPS``
+  points. The
   regime a replay below capacity meets, where bursts (all sequences synchronous, no prompt
   arriving) misjudge the step.
 
@@ -96,7 +97,7 @@ SATURATION_SAMPLE_S = 0.5
 # The steady points: the load offered (of the saturated output tok/s), how long arrivals last,
 # how many groups the answered requests make (each of at least STEADY_MIN_GROUP requests), and
 # the shortest answer that says a time per token.
-STEADY_LOAD = 0.6
+STEADY_LOADS = (0.6, 0.85)
 STEADY_WINDOW_S = 10.0
 STEADY_GROUPS = 6
 STEADY_MIN_GROUP = 12
@@ -509,22 +510,24 @@ def measure_saturation(m: Measurer, url: str | None, mix: list[tuple[int, int]],
 
 
 def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str, Any],
-                   load: float = STEADY_LOAD, window_s: float = STEADY_WINDOW_S
+                   load: float, window_s: float = STEADY_WINDOW_S
                    ) -> tuple[list[dict[str, Any]], str | None]:
-    """The steady points (see the module docstring), or none and why."""
+    """The steady points at one ``load`` (see the module docstring), or none and why."""
     import numpy as np
 
     from options.bench.replay import send_open_loop
 
     mean_out = statistics.mean(o for _, o in mix)
     rate = load * saturation["output_tokens_per_second"] / mean_out          # requests a second
-    arrivals = np.cumsum(np.random.default_rng(m.seed * 7_919 + 3).exponential(1 / rate, math.ceil(rate * window_s)))
+    phase = round(load * 100)                 # seeds and prompt numbers of their own per load
+    arrivals = np.cumsum(np.random.default_rng([m.seed, 7_919, phase]).exponential(1 / rate, math.ceil(rate * window_s)))
     sizes = [mix[i % len(mix)] for i in range(len(arrivals))]
     words = m.tokens or PromptTokens()
 
     def build(i: int):
-        rng = random.Random(m.seed * 100_003 + 90_000 + i)
-        return replace(m.template, prompt=make_prompt(rng, words.words_for(sizes[i][0]), 3_000_000 + i),
+        rng = random.Random(f"{m.seed}:steady:{phase}:{i}")
+        return replace(m.template, prompt=make_prompt(rng, words.words_for(sizes[i][0]),
+                                                      3_000_000 + phase * 10_000 + i),
                        messages=None, max_tokens=sizes[i][1], stream=True)
 
     run = send_open_loop(arrivals.tolist(), build, m.send, [i for i, _ in sizes])
@@ -533,7 +536,7 @@ def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str
     points = steady_points(run.sent_s, run.records)
     if not points:
         failed = sum(1 for r in run.records if not r.ok)
-        return [], (f"steady: too few answers to group ({len(run.records) - failed} of {len(run.records)} "
+        return [], (f"steady at {load:.0%}: too few answers to group ({len(run.records) - failed} of {len(run.records)} "
                     f"answered, {STEADY_MIN_GROUP} needed a group): left out")
     return [{**p, "load": load, "request_rate": rate} for p in points], None
 
@@ -704,12 +707,14 @@ def bench_capacity(args, template, send, details, console, mix: list[tuple[int, 
             bar.update(task, phase=f"saturation: the trace's mix, {len(mix):,} request sizes")
             got.saturation, saturation_note = measure_saturation(
                 measurer, details.get("url"), mix, limits["max_num_seqs"])
-        steady_note = None
-        if got.saturation is not None:
-            bar.update(task, phase=f"steady: the trace's mix at {STEADY_LOAD:.0%} of the saturated rate")
-            got.steady, steady_note = measure_steady(measurer, mix, got.saturation)
+        steady_notes = []
+        for load in STEADY_LOADS if got.saturation is not None else ():
+            bar.update(task, phase=f"steady: the trace's mix at {load:.0%} of the saturated rate")
+            points, note = measure_steady(measurer, mix, got.saturation, load)
+            got.steady += points
+            steady_notes += [note] if note else []
     profile, notes = capacity_profile(plan, got, limits, args.rounds)
-    notes += [note for note in (saturation_note, steady_note) if note]
+    notes += [note for note in (saturation_note, *steady_notes) if note]
     for note in notes:
         console.print(f"[yellow]{note}[/yellow]")
     kinds = {p["kind"] for p in profile["points"]}
@@ -782,7 +787,7 @@ def render_tables(model, profile: dict[str, Any]):
                      f"({p['input_tokens']:,.0f} in / {p['output_tokens']:,.0f} out)")
             kv = p["running_seqs"] * (p["input_tokens"] + p["output_tokens"] / 2)
         elif p["kind"] == "steady":
-            label = (f"steady at {p.get('load', STEADY_LOAD):.0%}: {p['decoding_seqs']:.1f} decoding, "
+            label = (f"steady at {p['load']:.0%}: {p['decoding_seqs']:.1f} decoding, "
                      f"{p['prefill_tokens_per_s']:,.0f} prompt tok/s ({p.get('requests', '?')} requests)")
             kv = p["kv_tokens"]
         else:
@@ -816,7 +821,8 @@ def render_tables(model, profile: dict[str, Any]):
     if "mixed" in fit["worst_residual"]:
         lines.append(f"mixed point (prefill inside a decode batch): {fit['worst_residual']['mixed']:.1%} off")
     if "steady" in fit["worst_residual"]:
-        lines.append(f"steady points (the trace's mix at {STEADY_LOAD:.0%} load): worst "
+        loads = sorted({p["load"] for p in fit["points"] if p["kind"] == "steady"})
+        lines.append(f"steady points (the trace's mix at {', '.join(f'{x:.0%}' for x in loads)} load): worst "
                      f"{fit['worst_residual']['steady']:.1%} off")
         if not fit["check"].get("decode", {}).get("ok", True):
             lines.append("the decode bursts and the steady points disagree (a burst's synchronous steps are "

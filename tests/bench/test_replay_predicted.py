@@ -5,13 +5,13 @@ One bring-your-own server (vLLM on CPU, tiny model); for each of three offered l
 conversation trace replayed open-loop at that load, re-predicted by ``cost simulate
 --predict-replay`` from that profile. Each profile ends by saturating the server with the
 replay's own request mix (``--replay`` on the profile: the same window and clipping), the fit's
-measure of capacity itself, then by sending that mix at a steady 60 % of it (the steady points:
-the regime a replay below capacity meets). A profile right before each replay: this machine's speed moves
-between minutes, and a prediction is judged against a measurement of the same spell; a second
-profile right after it says how far the speed moved meanwhile (its prediction is recorded
-beside, not judged). Every
-figure is written to ``$SPECTRUM_VALIDATION_OUT`` (default: the test's temporary folder) as
-JSON, the README's table comes from it.
+measure of capacity itself, then by sending that mix at a steady 60 % and 85 % of it (the
+steady points: the regime a replay below capacity meets). A profile right before each replay:
+this machine's speed moves between minutes, and a prediction is judged against a measurement of
+the same spell. A run that records (``$SPECTRUM_VALIDATION_OUT`` set: every figure is written
+there as JSON, the README's tables come from it) also profiles the server right after each
+replay, which says how far the speed moved meanwhile (that prediction is recorded beside, not
+judged); CI leaves that out, about 3½ minutes.
 
 What is asserted is what the model must get right on a machine whose speed moves 2-3× between
 minutes (FACTS §4): at half the profile's capacity, p50 TTFT and E2E within a factor of 2 of the
@@ -33,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from cost.traces import AZURE_CONV_TRACE
+from options.bench.capacity import STEADY_LOADS
 from options.local_server import LocalServer
 
 pytestmark = pytest.mark.engine
@@ -50,6 +51,7 @@ def _run(*args, timeout=600):
 
 @pytest.fixture(scope="module")
 def validation(tiny_model, tmp_path_factory):
+    recording = bool(os.environ.get("SPECTRUM_VALIDATION_OUT"))
     folder = Path(os.environ.get("SPECTRUM_VALIDATION_OUT") or tmp_path_factory.mktemp("validation"))
     folder.mkdir(parents=True, exist_ok=True)
     env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "SM_VLLM_ENFORCE_EAGER": ""}
@@ -70,24 +72,29 @@ def validation(tiny_model, tmp_path_factory):
             replay = folder / f"replay-{load}.json"
             _run("options.bench", "--no-progress", "--replay", str(AZURE_CONV_TRACE), "--window", WINDOW, *CLIP,
                  "--load", load, "--capacity", str(bench), "--url", server.url, "--level", "5", "--json", str(replay))
-            # The same server profiled again right after the replay: how far its speed moved while
-            # the replay ran (recorded beside the prediction, which uses the profile before).
-            profile(after)
-            results[load] = {"prediction": predict(replay, bench), "after": predict(replay, after),
+            results[load] = {"prediction": predict(replay, bench),
                              "replay": json.loads(replay.read_text())["replay"],
                              "capacity": json.loads(bench.read_text())}
+            if recording:
+                # The same server profiled again right after the replay: how far its speed moved
+                # while the replay ran (recorded beside the prediction, which uses the profile before).
+                profile(after)
+                results[load]["after"] = predict(replay, after)
     (folder / "validation.json").write_text(json.dumps(
         {load: {**r["prediction"], "replay_summary": r["replay"]["summary"],
-                "profile_after": {k: r["after"][k] for k in ("predicted", "ratio", "saturated_output_tok_s")}}
+                **({"profile_after": {k: r["after"][k] for k in ("predicted", "ratio", "saturated_output_tok_s")}}
+                   if "after" in r else {})}
          for load, r in results.items()}, indent=2))
     for load, r in results.items():
-        p, a = r["prediction"], r["after"]
+        p, a = r["prediction"], r.get("after")
         band = p["sensitivity"]
-        print(f"load {load} (saturated {p['saturated_output_tok_s']} tok/s before the replay, "
-              f"{a['saturated_output_tok_s']} after): " + "; ".join(
-                  f"{m} {s} predicted {p['predicted'][m][s]} (profile after: {a['predicted'][m][s]}) measured "
-                  f"{p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]} ({a['ratio'][m][s]}) (capacity "
-                  f"±5 %: {band['predicted_faster'][m][s]}-{band['predicted_slower'][m][s]})"
+        print(f"load {load} (saturated {p['saturated_output_tok_s']} tok/s before the replay"
+              + (f", {a['saturated_output_tok_s']} after" if a else "") + "): " + "; ".join(
+                  f"{m} {s} predicted {p['predicted'][m][s]}"
+                  + (f" (profile after: {a['predicted'][m][s]})" if a else "")
+                  + f" measured {p['measured'][m][s]:.1f} ratio {p['ratio'][m][s]}"
+                  + (f" ({a['ratio'][m][s]})" if a else "")
+                  + f" (capacity ±5 %: {band['predicted_faster'][m][s]}-{band['predicted_slower'][m][s]})"
                   for m in ("ttft_ms", "e2e_ms") for s in ("p50", "p99")))
     return results
 
@@ -112,21 +119,29 @@ def test_each_profile_saturated_the_server_with_the_traces_mix_and_fits_it(valid
         sent = r["replay"]["requests"]
         assert sat["output_tokens"] == pytest.approx(sum(q["output_tokens"] for q in sent) / len(sent))
         assert sat["input_tokens"] == pytest.approx(sum(q["input_tokens"] for q in sent) / len(sent), rel=0.03)
-        assert abs(sat["residual"]) < 0.05, (load, sat)                   # the fit reproduces it
+        # The fit holds it beside the steady points, which a spell of this machine can set 10-20 %
+        # apart from it (7-12 % off in one run, 1-5 % in others).
+        assert abs(sat["residual"]) < 0.2, (load, sat)
 
 
 def test_each_profile_measured_the_steady_load_in_groups_by_batch(validation):
     for load, r in validation.items():
         fit = r["capacity"]["capacity_model"]["fit"]
-        steady = [p for p in fit["points"] if p["kind"] == "steady"]
-        assert len(steady) >= 3, (load, steady)
-        batches = [p["decoding_seqs"] for p in steady]
-        assert batches == sorted(batches) and batches[-1] > batches[0], (load, batches)
-        assert all(p["load"] == 0.6 and p["prefill_tokens_per_s"] > 0 for p in steady), (load, steady)
-        # what a request's decode met grows with its batch: more sequences, more KV, longer steps
-        assert steady[-1]["kv_tokens"] > steady[0]["kv_tokens"] and steady[-1]["tpot_s"] > steady[0]["tpot_s"], steady
+        for share in STEADY_LOADS:
+            steady = [p for p in fit["points"] if p["kind"] == "steady" and p["load"] == share]
+            assert len(steady) >= 3, (load, share, steady)
+            batches = [p["decoding_seqs"] for p in steady]
+            assert batches == sorted(batches) and batches[-1] > batches[0], (load, share, batches)
+            assert all(p["prefill_tokens_per_s"] > 0 for p in steady), (load, share, steady)
+            # what a request's decode met grows with its batch: more sequences, more KV, longer steps
+            assert steady[-1]["kv_tokens"] > steady[0]["kv_tokens"], (load, share, steady)
+            assert steady[-1]["tpot_s"] > steady[0]["tpot_s"], (load, share, steady)
+        # the higher load met the larger batches
+        top = {share: max(p["decoding_seqs"] for p in fit["points"] if p.get("load") == share) for share in STEADY_LOADS}
+        assert top[max(STEADY_LOADS)] > top[min(STEADY_LOADS)], (load, top)
         assert "each steady group as 3 points" in fit["method"]
-        assert max(abs(p["residual"]) for p in steady) < 0.25, (load, steady)
+        # one line through all of them: a spell of the machine between the two phases shows here
+        assert max(abs(p["residual"]) for p in fit["points"] if p["kind"] == "steady") < 0.35, load
 
 
 def test_at_half_capacity_the_prediction_is_within_a_factor_of_two_at_p50(validation):
