@@ -34,8 +34,8 @@ Two ways to get a model:
   replace those finishing, and holds ``running_seqs × (input + output / 2)`` KV tokens). That
   point is the one measurement of capacity itself, where a step model fitted to small bursts
   extrapolates: near capacity, 10-20 % too much of it turned a measured queue of seconds into a
-  predicted one of milliseconds. So its relative error weighs as much as every other point's
-  together (``saturation_weight``).
+  predicted one of milliseconds. So its relative error weighs as many points as there are others
+  (``saturation_weight``: as much as all of them together where each weighs 1).
   Then, at two steady partial loads of that mix (Poisson arrivals at 60 % and 85 % of the
   saturated rate), each request's own time per output token against what its decode steps held,
   requests grouped by the batch they met (``steady_terms``): the regime a replay below capacity
@@ -372,7 +372,8 @@ STEADY_WEIGHT = 3.0
 
 def saturation_weight(points: int) -> float:
     """The saturation point's weight in the fit (on its relative error): its square is the
-    number of the other points, so it counts as much as all of them together."""
+    number of the other points, so it counts as much as all of them together where each weighs 1
+    (steady groups weigh more: ``STEADY_WEIGHT``)."""
     return math.sqrt(max(1, points))
 
 
@@ -445,7 +446,7 @@ def fit_capacity(profile: dict, origin: str) -> CapacityModel:
     check = {kind: {"tolerance": tol, "worst": worst[kind], "ok": worst[kind] <= tol}
              for kind, tol in TOLERANCE.items() if kind in worst}
     fit = {"method": "non-negative least squares on relative errors"
-                     + (", the saturation point weighted as all the others together"
+                     + (", the saturation point weighted as many points as there are others"
                         if "saturation" in kinds else "")
                      + (f", each steady group as {STEADY_WEIGHT:g} points" if "steady" in kinds else ""),
            "points": fitted, "worst_residual": worst,

@@ -31,9 +31,8 @@ spell of a noisy machine lands on several points a little instead of on one a lo
   request: its time per output token, and what its decode steps held on average (sequences
   decoding, their KV tokens, prompt tokens prefilled a second), read from every request's first
   and last token times; each load's requests grouped by that batch into up to ``STEADY_GROUPS``
-  points. The
-  regime a replay below capacity meets, where bursts (all sequences synchronous, no prompt
-  arriving) misjudge the step.
+  points. The regime a replay below capacity meets, where bursts (all sequences synchronous, no
+  prompt arriving) misjudge the step.
 
 The server's limits come from ``--max-num-seqs``, ``--max-num-batched-tokens`` and
 ``--kv-cache-tokens`` where given, else from what the server says (``GET /v1/models``:
