@@ -332,6 +332,62 @@ def steady_terms(decoding_seqs: float, kv_tokens: float, prefill_tokens_per_s: f
     return [1.0, decoding_seqs, kv_tokens, prefill_tokens_per_s * tpot_s, 0.0]
 
 
+# Steady points from open-loop requests (``group_by_batch``): at most this many groups, each of
+# at least STEADY_MIN_GROUP requests; answers shorter than STEADY_MIN_OUTPUT tokens say no time
+# per token; each request's decode is sampled at STEADY_SAMPLES instants.
+STEADY_GROUPS = 6
+STEADY_MIN_GROUP = 12
+STEADY_MIN_OUTPUT = 8
+STEADY_SAMPLES = 32
+
+
+def group_by_batch(sent_s, ttft_s, e2e_s, input_tokens, output_tokens, groups: int = STEADY_GROUPS,
+                   min_group: int = STEADY_MIN_GROUP, samples: int = STEADY_SAMPLES) -> list[dict[str, Any]]:
+    """Answered open-loop requests grouped by the batch their decode met: ``steady`` points.
+
+    Per request (parallel sequences; a request with any of its times or sizes None is left out):
+    its decode runs from its first token to its last (send + TTFT, send + E2E, client times). At
+    ``samples`` instants evenly inside it: how many requests were decoding (it included), and
+    their KV tokens (prompt, plus the answer so far, taken as even over the decode). Prompt tokens
+    prefilled a second: those of the requests whose first token came while it decoded. Requests
+    with at least ``STEADY_MIN_OUTPUT`` tokens are sorted by their batch and cut into ``groups``
+    groups of equal size (fewer where a group would have under ``min_group``); a point is a
+    group's means, and its median time per output token.
+    """
+    import numpy as np
+
+    done = [(s, f, e, i, o) for s, f, e, i, o in zip(sent_s, ttft_s, e2e_s, input_tokens, output_tokens)
+            if s is not None and f is not None and e is not None and i is not None and o]
+    if not done:
+        return []
+    first = np.array([s + f for s, f, _, _, _ in done])
+    last = np.array([s + e for s, _, e, _, _ in done])
+    prompt = np.array([i for _, _, _, i, _ in done], dtype=float)
+    answer = np.array([o for _, _, _, _, o in done], dtype=float)
+    rows = []
+    for j in range(len(done)):
+        if answer[j] < max(2, STEADY_MIN_OUTPUT) or last[j] <= first[j]:
+            continue
+        at = first[j] + (np.arange(samples)[:, None] + 0.5) / samples * (last[j] - first[j])
+        live = (first[None, :] <= at) & (last[None, :] > at)
+        made = answer * np.clip((at - first) / np.maximum(last - first, 1e-9), 0.0, 1.0)
+        kv = np.where(live, prompt + made, 0.0).sum(axis=1)
+        arrived = (first > first[j]) & (first <= last[j])
+        tpot = (last[j] - first[j]) / (answer[j] - 1)
+        rows.append((live.sum(axis=1).mean(), kv.mean(), prompt[arrived].sum() / (last[j] - first[j]), tpot))
+    count = min(groups, len(rows) // min_group)
+    if count < 1:
+        return []
+    rows.sort()
+    points = []
+    for part in np.array_split(np.array(rows), count):
+        points.append({"kind": "steady", "decoding_seqs": float(part[:, 0].mean()),
+                       "kv_tokens": float(part[:, 1].mean()), "prefill_tokens_per_s": float(part[:, 2].mean()),
+                       "tpot_s": float(np.median(part[:, 3])), "requests": len(part),
+                       "decoding_seqs_min": float(part[:, 0].min()), "decoding_seqs_max": float(part[:, 0].max())})
+    return points
+
+
 def point_terms(point: dict[str, Any], limits: dict[str, Any]) -> list[float]:
     """The terms of one measured point's latency (a fit row), from its kind and sizes."""
     budget, seqs_cap = limits["max_num_batched_tokens"], limits["max_num_seqs"]

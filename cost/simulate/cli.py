@@ -447,8 +447,7 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
     within = {k: {s: (None if measured[k][s] is None or band["slower"][k][s] is None else
                       min(band["faster"][k][s], band["slower"][k][s]) <= measured[k][s]
                       <= max(band["faster"][k][s], band["slower"][k][s])) for s in STATS} for k in predicted}
-    ratio = {k: {s: (round(predicted[k][s] / measured[k][s], 3) if measured[k][s] and predicted[k][s] is not None
-                     else None) for s in STATS} for k in predicted}
+    ratio = _ratios(predicted, measured)
     ok = [r for r in replay.get("requests", []) if r.get("status") == "ok"]
     samples = {"predicted": {"ttft_ms": ttft[~np.isnan(ttft)], "e2e_ms": e2e[~np.isnan(e2e)]},
                "measured": {"ttft_ms": np.array([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]),
@@ -458,11 +457,51 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
            "predicted": predicted, "measured": measured, "ratio": ratio,
            "sensitivity": {"capacity_change": SENSITIVITY, "predicted_slower": band["slower"],
                            "predicted_faster": band["faster"], "measured_within": within},
+           "at_replay_speed": None,
            "offered_output_tok_s": replay["summary"].get("offered_output_tok_s"),
            "measured_output_tok_s": replay["summary"].get("throughput_tok_s"),
            "saturated_output_tok_s": round(capacity.saturated_output_tok_s(float(trace.input_tokens.mean()),
                                                                           float(trace.output_tokens.mean())), 1)}
+    # The same prediction with the model at the speed the replay's server actually decoded at: it
+    # judges the queue and batching apart from how far the server's speed moved since its profile.
+    speed = replay_speed(replay, capacity)
+    if speed is not None:
+        t, e = latencies_ms(capacity.with_step_speed(speed["factor"]))
+        at_speed = {"ttft_ms": _stats_ms(t / 1000), "e2e_ms": _stats_ms(e / 1000)}
+        doc["at_replay_speed"] = {**speed, "predicted": at_speed, "ratio": _ratios(at_speed, measured)}
     return doc, samples
+
+
+def replay_speed(replay: dict[str, Any], capacity) -> dict[str, Any] | None:
+    """How fast the replay's server decoded against the capacity model: the replay's answered
+    requests grouped by the batch their decode met (``group_by_batch``, as the profile's steady
+    points are), and per group the model's time per output token there over the measured one;
+    ``factor`` is their mean weighted by requests (above 1: the server ran faster than its
+    profile says). None where too few requests say a time per token."""
+    from cost.simulate.capacity import COEFFICIENTS, group_by_batch, steady_terms
+
+    ok = [r for r in replay.get("requests", []) if r.get("status") == "ok" and r.get("sent_s") is not None]
+    groups = group_by_batch([r["sent_s"] for r in ok],
+                            [None if r.get("ttft_ms") is None else r["ttft_ms"] / 1000 for r in ok],
+                            [None if r.get("e2e_ms") is None else r["e2e_ms"] / 1000 for r in ok],
+                            [r.get("input_tokens") for r in ok], [r.get("output_tokens") for r in ok])
+    if not groups:
+        return None
+    coef = [getattr(capacity, name) for name in COEFFICIENTS]
+    per_group = [sum(a * b for a, b in zip(steady_terms(g["decoding_seqs"], g["kv_tokens"],
+                                                          g["prefill_tokens_per_s"], g["tpot_s"]), coef)) / g["tpot_s"]
+                 for g in groups]
+    weights = [g["requests"] for g in groups]
+    factor = sum(f * w for f, w in zip(per_group, weights)) / sum(weights)
+    return {"factor": round(factor, 3), "groups": [
+        {"decoding_seqs": round(g["decoding_seqs"], 1), "requests": g["requests"],
+         "tpot_ms": round(g["tpot_s"] * 1000, 3), "model_over_measured": round(f, 3)} for g, f in zip(groups, per_group)]}
+
+
+def _ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
+    """predicted / measured per metric and statistic (None where either is missing)."""
+    return {k: {s: (round(predicted[k][s] / measured[k][s], 3) if measured[k][s] and predicted[k][s] is not None
+                    else None) for s in STATS} for k in predicted}
 
 
 def predict_replay(args) -> dict[str, Any]:
@@ -626,6 +665,9 @@ def render_prediction(data: dict[str, Any]) -> None:
         cols = ("metric", "stat", "predicted ms", "measured ms", "ratio")
         if band:
             cols += (f"capacity ±{band['capacity_change']:.0%}", "measured in it")
+        speed = doc.get("at_replay_speed")
+        if speed:
+            cols += (f"at the replay's speed (x{speed['factor']:.2f}) ms", "its ratio")
         for col in cols:
             table.add_column(col, justify="right" if col not in ("metric", "stat") else "left")
         for metric in ("ttft_ms", "e2e_ms"):
@@ -637,7 +679,15 @@ def render_prediction(data: dict[str, Any]) -> None:
                     fast, slow = band["predicted_faster"][metric][s], band["predicted_slower"][metric][s]
                     inside = band["measured_within"][metric][s]
                     row += [f"{_ms(fast)} – {_ms(slow)}", "—" if inside is None else "yes" if inside else "no"]
+                if speed:
+                    r = speed["ratio"][metric][s]
+                    row += [_ms(speed["predicted"][metric][s]), "—" if r is None else f"{r:.2f}"]
                 table.add_row(*row)
         console.print(table)
+        if speed:
+            console.print(f"  the replay's requests decoded x{speed['factor']:.2f} as fast as the model says at the "
+                          "batches they met: the last columns predict with the model at that speed, which judges "
+                          "the queue and batching apart from the server's speed moving since its profile",
+                          highlight=False)
     if data.get("plot"):
         console.print(f"plot: {data['plot']}", highlight=False)

@@ -55,6 +55,7 @@ import urllib.request
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
+from cost.simulate.capacity import STEADY_GROUPS, STEADY_MIN_GROUP, STEADY_SAMPLES, group_by_batch
 from options.bench import runner
 from options.bench.metrics import RequestRecord, metric_sum, prometheus_samples, summarize
 from options.bench.profile import Profile, PromptTokens, make_prompt, parse_lengths
@@ -93,14 +94,10 @@ SATURATION_IN_FLIGHT = 1.25
 SATURATION_WARMUP_S = 6.0
 SATURATION_WINDOW_S = 12.0
 SATURATION_SAMPLE_S = 0.5
-# The steady points: the load offered (of the saturated output tok/s), how long arrivals last,
-# how many groups the answered requests make (each of at least STEADY_MIN_GROUP requests), and
-# the shortest answer that says a time per token.
+# The steady points: the load offered (of the saturated output tok/s) and how long arrivals last;
+# how they are grouped is cost.simulate.capacity's (STEADY_GROUPS, STEADY_MIN_GROUP, ...).
 STEADY_LOADS = (0.6, 0.85)
 STEADY_WINDOW_S = 10.0
-STEADY_GROUPS = 6
-STEADY_MIN_GROUP = 12
-STEADY_MIN_OUTPUT = 8
 # Planning when the server does not say its max_model_len (a SageMaker endpoint, a plain URL).
 ASSUMED_MAX_MODEL_LEN = 2048
 # vLLM 0.32's limits when none are set (engine/arg_utils.py, OpenAI API server): on CPU, the
@@ -542,49 +539,14 @@ def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str
 
 def steady_points(sent_s: list[float | None], records: list[RequestRecord],
                   groups: int = STEADY_GROUPS, min_group: int = STEADY_MIN_GROUP,
-                  samples: int = 32) -> list[dict[str, Any]]:
-    """Group open-loop requests by the batch their decode met: the ``steady`` points.
-
-    A request decodes from its first token to its last (client times: send + TTFT, send + E2E).
-    At ``samples`` instants evenly inside its decode: how many requests were decoding (it included),
-    and their KV tokens (prompt, plus the answer so far, taken as even over the decode). Prompt
-    tokens prefilled a second: those of the requests whose first token came while it decoded.
-    Requests with at least ``STEADY_MIN_OUTPUT`` tokens are sorted by their batch and cut into
-    ``groups`` groups of equal size (fewer where a group would have under ``min_group``); a
-    point is a group's means, and its median time per output token.
-    """
-    import numpy as np
-
-    done = [(s, r) for s, r in zip(sent_s, records)
-            if s is not None and r.ok and r.ttft_s is not None and r.e2e_s is not None and r.output_tokens
-            and r.input_tokens is not None]
-    if not done:
-        return []
-    first = np.array([s + r.ttft_s for s, r in done])
-    last = np.array([s + r.e2e_s for s, r in done])
-    prompt = np.array([r.input_tokens for _, r in done], dtype=float)
-    answer = np.array([r.output_tokens for _, r in done], dtype=float)
-    rows = []
-    for j, (_, r) in enumerate(done):
-        if r.output_tokens < STEADY_MIN_OUTPUT or r.tpot_s is None or last[j] <= first[j]:
-            continue
-        at = first[j] + (np.arange(samples)[:, None] + 0.5) / samples * (last[j] - first[j])
-        live = (first[None, :] <= at) & (last[None, :] > at)
-        made = answer * np.clip((at - first) / np.maximum(last - first, 1e-9), 0.0, 1.0)
-        kv = np.where(live, prompt + made, 0.0).sum(axis=1)
-        arrived = (first > first[j]) & (first <= last[j])
-        rows.append((live.sum(axis=1).mean(), kv.mean(), prompt[arrived].sum() / (last[j] - first[j]), r.tpot_s))
-    count = min(groups, len(rows) // min_group)
-    if count < 1:
-        return []
-    rows.sort()
-    points = []
-    for part in np.array_split(np.array(rows), count):
-        points.append({"kind": "steady", "decoding_seqs": float(part[:, 0].mean()),
-                       "kv_tokens": float(part[:, 1].mean()), "prefill_tokens_per_s": float(part[:, 2].mean()),
-                       "tpot_s": float(np.median(part[:, 3])), "requests": len(part),
-                       "decoding_seqs_min": float(part[:, 0].min()), "decoding_seqs_max": float(part[:, 0].max())})
-    return points
+                  samples: int = STEADY_SAMPLES) -> list[dict[str, Any]]:
+    """Group open-loop requests by the batch their decode met: the ``steady`` points
+    (``cost.simulate.capacity.group_by_batch``, from each answered request's send time and
+    client timings)."""
+    done = [(s, r) for s, r in zip(sent_s, records) if s is not None and r.ok]
+    return group_by_batch([s for s, _ in done], [r.ttft_s for _, r in done], [r.e2e_s for _, r in done],
+                          [r.input_tokens for _, r in done], [r.output_tokens for _, r in done],
+                          groups=groups, min_group=min_group, samples=samples)
 
 
 def _decode_step_estimate(got: Collected, concurrency: int) -> float:

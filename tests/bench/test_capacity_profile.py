@@ -12,8 +12,8 @@ import sys
 
 import pytest
 
-from cost.simulate.capacity import TOLERANCE, load_capacity
-from options.bench.capacity import (STEADY_MIN_OUTPUT, CapacityPlan, ServerLimits, _configured_limits,
+from cost.simulate.capacity import STEADY_MIN_OUTPUT, TOLERANCE, load_capacity
+from options.bench.capacity import (CapacityPlan, ServerLimits, _configured_limits,
                                     kv_cache_from_metrics, steady_points)
 from options.bench.metrics import RequestRecord
 from options.core import BadInput

@@ -379,3 +379,63 @@ def test_a_faster_step_model_is_the_same_server_scaled():
     assert faster.saturated_output_tok_s(1000, 200) == pytest.approx(1.05 * 1500.0)
     assert faster.request_overhead_s == base.request_overhead_s and faster.max_num_seqs == base.max_num_seqs
     assert base.saturated_output_tok_s(1000, 200) == pytest.approx(1500.0)
+
+
+@pytest.mark.parametrize("speed", [1.25, 0.8])
+def test_predict_replay_finds_the_speed_the_replay_ran_at_and_predicts_at_it(capsys, tmp_path, speed):
+    """A replay recorded on a server 25 % faster (or 20 % slower) than its bench says (here:
+    simulated on it, so the queue and batching are exactly the model's): the requests' per-batch
+    time per token gives that speed back within 3 % (1 % when written), and the prediction at it
+    matches what that server did, where the prediction from the bench alone is 30-45 % off."""
+    import numpy as np
+
+    from cost.simulate.capacity import CapacityModel
+    from cost.simulate.cli import replay_trace
+    from cost.simulate.fleet import run_fleet
+    from cost.simulate.scaling import Fixed
+    from cost.traces import read_trace
+
+    bench = CapacityModel.from_throughput(800.0, "test bench")
+    bench_file = tmp_path / "capacity.json"
+    bench_file.write_text(json.dumps(bench.to_json()))
+    spec = {"trace": read_trace(AZURE_CONV_TRACE, window=(0.0, 120.0)).spec, "time_scale": 2.0, "load": 0.8}
+    trace = replay_trace(spec)
+    run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, bench.with_step_speed(speed),
+                    Fixed(1), span_s=trace.span_s, seed=0)
+    ttft, e2e = (run.first_token_s - trace.arrival_s) * 1000, (run.finish_s - trace.arrival_s) * 1000
+    requests = [{"arrival_s": float(a), "sent_s": float(a), "input_tokens": int(i), "output_tokens": int(o),
+                 "ttft_ms": float(t), "e2e_ms": float(e), "status": "ok"}
+                for a, i, o, t, e in zip(trace.arrival_s, trace.input_tokens, trace.output_tokens, ttft, e2e)]
+    summary = {k: {f"p{q}": float(np.percentile(v, q)) for q in (50, 90, 99)} for k, v in
+               (("ttft_ms", ttft), ("e2e_ms", e2e))}
+    replay = tmp_path / "replay.json"
+    replay.write_text(json.dumps({"replay": {"spec": spec, "summary": summary, "requests": requests}}))
+
+    code, out, err = cli(capsys, "--predict-replay", str(replay), "--bench", str(bench_file), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    at_speed = doc["at_replay_speed"]
+    assert len(at_speed["groups"]) >= 3
+    assert at_speed["factor"] == pytest.approx(speed, rel=0.03), at_speed
+    for metric in ("ttft_ms", "e2e_ms"):
+        for s in ("p50", "p99"):
+            assert abs(doc["ratio"][metric][s] - 1) > 0.15, (metric, s, doc["ratio"])      # the bench alone
+            assert at_speed["ratio"][metric][s] == pytest.approx(1.0, abs=0.08), (metric, s, at_speed["ratio"])
+    # The table says it too.
+    code, out, _ = cli(capsys, "--predict-replay", str(replay), "--bench", str(bench_file))
+    assert code == 0 and f"decoded x{at_speed['factor']:.2f} as fast" in " ".join(out.split()), out
+
+
+def test_predict_replay_without_requests_says_no_replay_speed(capsys, tmp_path):
+    from cost.simulate.capacity import CapacityModel
+    from cost.traces import read_trace
+
+    bench = tmp_path / "capacity.json"
+    bench.write_text(json.dumps(CapacityModel.from_throughput(800.0, "test").to_json()))
+    spec = {"trace": read_trace(AZURE_CONV_TRACE, window=(0.0, 30.0)).spec, "time_scale": 1.0}
+    replay = tmp_path / "replay.json"
+    replay.write_text(json.dumps({"replay": {"spec": spec, "summary": {
+        "ttft_ms": {"p50": 100.0, "p90": 200.0, "p99": 300.0}, "e2e_ms": {"p50": 1000.0, "p90": 2000.0, "p99": 3000.0}}}}))
+    code, out, err = cli(capsys, "--predict-replay", str(replay), "--bench", str(bench), "--json")
+    assert code == 0, err
+    assert json.loads(out)["at_replay_speed"] is None
