@@ -153,6 +153,12 @@ class CapacityModel:
         batch = max(batch, 1.0)
         return 1.0 / _dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
 
+    def steady_tpot_s(self, point: dict[str, Any]) -> float:
+        """The time per output token this model gives a measured ``steady`` point (its
+        ``steady_terms``): what a request decoding beside that batch takes a token."""
+        return _dot(steady_terms(point["decoding_seqs"], point["kv_tokens"], point["prefill_tokens_per_s"],
+                                 point["tpot_s"]), self.coefficients())
+
     def with_step_speed(self, factor: float, source: str | None = None) -> "CapacityModel":
         """The same server with every step ``factor`` times as fast (its saturated rate times
         ``factor``); the per-request overhead and the limits unchanged."""

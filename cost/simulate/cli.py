@@ -478,7 +478,7 @@ def replay_speed(replay: dict[str, Any], capacity) -> dict[str, Any] | None:
     points are), and per group the model's time per output token there over the measured one;
     ``factor`` is their mean weighted by requests (above 1: the server ran faster than its
     profile says). None where too few requests say a time per token."""
-    from cost.simulate.capacity import COEFFICIENTS, group_by_batch, steady_terms
+    from cost.simulate.capacity import group_by_batch
 
     ok = [r for r in replay.get("requests", []) if r.get("status") == "ok" and r.get("sent_s") is not None]
     groups = group_by_batch([r["sent_s"] for r in ok],
@@ -487,10 +487,7 @@ def replay_speed(replay: dict[str, Any], capacity) -> dict[str, Any] | None:
                             [r.get("input_tokens") for r in ok], [r.get("output_tokens") for r in ok])
     if not groups:
         return None
-    coef = [getattr(capacity, name) for name in COEFFICIENTS]
-    per_group = [sum(a * b for a, b in zip(steady_terms(g["decoding_seqs"], g["kv_tokens"],
-                                                          g["prefill_tokens_per_s"], g["tpot_s"]), coef)) / g["tpot_s"]
-                 for g in groups]
+    per_group = [capacity.steady_tpot_s(g) / g["tpot_s"] for g in groups]
     weights = [g["requests"] for g in groups]
     factor = sum(f * w for f, w in zip(per_group, weights)) / sum(weights)
     return {"factor": round(factor, 3), "groups": [

@@ -20,8 +20,9 @@ queue that grows in the prediction, and a measured TTFT no better than at 50 %. 
 capacity 10-20 % off (as much as this machine's speed moves between minutes) doubles the
 queue: that ratio is recorded, not asserted, and the README reports it against the ±15 % /
 ±25 % goal. What is asserted there is the prediction at the speed the replay's own requests
-decoded at (``at_replay_speed``): the queue and batching apart from the speed. Each profile and replay makes prompts of its own run (the bench's run tag), so
-none finds the one before it in the server's prefix cache.
+decoded at (``at_replay_speed``): the queue and batching apart from the speed. Each profile and
+replay makes prompts of its own run (the bench's run tag), so none finds the one before it in
+the server's prefix cache.
 """
 from __future__ import annotations
 
