@@ -227,16 +227,11 @@ def test_cli_rejects_an_open_loop_rate_for_programs(standin_url):
 # --- the real server ----------------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_programs_on_the_real_server_hit_the_prefix_cache(tiny_model, tmp_path):
-    from options.local_server import LocalServer
-
-    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": "1024", "SM_VLLM_ENFORCE_EAGER": ""}
-    with LocalServer(env, log_path=tmp_path / "server.log") as server:
-        server.wait_ready()
-        out = tmp_path / "agent.json"
-        done = _cli("--url", server.url, "--level", "5", "--programs", "8", "--steps", "3",
-                    "--think-ms", "50", "--concurrency", "4", "--system-tokens", "128",
-                    "--prompt-tokens", "16", "--output-tokens", "16", "--ignore-eos", "--json", str(out))
+def test_programs_on_the_real_server_hit_the_prefix_cache(bench_server, tmp_path):
+    out = tmp_path / "agent.json"
+    done = _cli("--url", bench_server.url, "--level", "5", "--programs", "8", "--steps", "3",
+                "--think-ms", "50", "--concurrency", "4", "--system-tokens", "128",
+                "--prompt-tokens", "16", "--output-tokens", "16", "--ignore-eos", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr
     doc = json.loads(out.read_text())
     assert doc["program"]["completed"] == 8 and doc["counts"]["output_tokens"] == 8 * 3 * 16

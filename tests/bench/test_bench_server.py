@@ -15,20 +15,14 @@ from options.bench import runner
 from options.bench.metrics import summarize
 from options.bench.profile import Profile, parse_lengths
 from options.contract import Request
-from options.local_server import LocalServer
 
 pytestmark = pytest.mark.engine
-MAX_MODEL_LEN = 1024
+MAX_MODEL_LEN = 1024                # the shared bench_server's (conftest.py)
 
 
 @pytest.fixture(scope="module")
-def server_url(tiny_model, tmp_path_factory):
-    log = tmp_path_factory.mktemp("bench") / "server.log"
-    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN),
-           "SM_VLLM_ENFORCE_EAGER": ""}
-    with LocalServer(env, log_path=log) as server:
-        server.wait_ready()
-        yield server.url
+def server_url(bench_server):
+    return bench_server.url
 
 
 def _cli(*args, timeout=180):
