@@ -23,7 +23,10 @@ exactly the queueing a trace is replayed to see).
 
 Metrics are ``metrics.py``'s (``vllm bench serve``'s definitions); the JSON is a
 ``spectrum.bench/1`` document with a ``replay`` section whose ``spec`` is enough for a simulator
-to replay the same requests at the same times.
+to replay the same requests at the same times. Where the target is a vLLM server with
+``/metrics``, ``summary.server`` adds its own view of the same requests (``server_view``): the
+mean TTFT split into the engine's queue, its prefill and the rest, which is where a model of the
+engine alone parts from what the client measures.
 """
 from __future__ import annotations
 
@@ -461,6 +464,50 @@ def send_open_loop(arrival_s: Sequence[float], build: Callable[[int], Any], send
                      [r if r is not None else RequestRecord(error="not_sent") for r in records], started_at, max(end - t0, 1e-9), counts.peak_in_flight)
 
 
+# --- the server's own view of the same requests ----------------------------------------------------
+
+# vLLM's per-request histograms (seconds), read before and after a replay: their means over the
+# replay split its TTFT into the engine's queue (scheduler waiting, from when the engine took the
+# request between two steps), its prefill (scheduled to first token) and the rest, which the
+# client alone sees: HTTP, tokenising, waiting for the running step to end, the API server
+# handing the token on, the client reading it.
+SERVER_LATENCIES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:request_queue_time_seconds",
+                    "prefill": "vllm:request_prefill_time_seconds", "e2e": "vllm:e2e_request_latency_seconds"}
+
+
+def read_server_latencies(base_url: str | None) -> dict[str, tuple[float, float]] | None:
+    """{part: (sum of seconds, count)} of ``SERVER_LATENCIES`` from ``base_url``/metrics; None where
+    the target has no such page or not these histograms (not vLLM)."""
+    from options.bench.metrics import metric_sum
+    from options.bench.runner import metrics_page
+
+    text = metrics_page(base_url)
+    if text is None:
+        return None
+    sums = {part: (metric_sum(text, name + "_sum"), metric_sum(text, name + "_count"))
+            for part, name in SERVER_LATENCIES.items()}
+    return None if any(v is None for pair in sums.values() for v in pair) else sums
+
+
+def server_view(before: dict[str, tuple[float, float]] | None, after: dict[str, tuple[float, float]] | None,
+                records: Sequence[RequestRecord]) -> dict[str, Any] | None:
+    """The server's mean of each part over the requests it finished between two readings, beside
+    the client's own means, and what of the client's TTFT the engine's queue and prefill leave."""
+    if before is None or after is None:
+        return None
+    count = after["ttft"][1] - before["ttft"][1]
+    if count <= 0:
+        return None
+    mean_ms = {part: round((after[part][0] - before[part][0]) / max(1.0, after[part][1] - before[part][1]) * 1000, 3)
+               for part in SERVER_LATENCIES}
+    done = [r for r in records if r.ok and r.ttft_s is not None and r.e2e_s is not None]
+    client = {"ttft": round(sum(r.ttft_s for r in done) / len(done) * 1000, 3),
+              "e2e": round(sum(r.e2e_s for r in done) / len(done) * 1000, 3)} if done else None
+    return {"requests": int(count), "mean_ms": mean_ms, "client_mean_ms": client,
+            "ttft_outside_engine_ms": None if client is None else
+            round(client["ttft"] - mean_ms["queue"] - mean_ms["prefill"], 3)}
+
+
 # --- the CLI's run ------------------------------------------------------------------------------
 
 def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any], console) -> int:
@@ -489,6 +536,7 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
                        max_tokens=plan.output_tokens[i], stream=True)
 
     cache_before = read_prefix_cache(details.get("url"))
+    latencies_before = read_server_latencies(details.get("url"))
     with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("sent {task.fields[sent]} · in flight {task.fields[in_flight]} · "
                              "failed {task.fields[failed]}"), TimeElapsedColumn(),
@@ -498,7 +546,8 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
                              on_progress=lambda c: bar.update(task, completed=c.done, sent=c.sent,
                                                               in_flight=c.in_flight, failed=c.failed))
     cache_rate = hit_rate(cache_before, read_prefix_cache(details.get("url")))
-    doc = replay_doc(args, plan, run, template, details, tokens, cache_rate)
+    doc = replay_doc(args, plan, run, template, details, tokens, cache_rate,
+                     server_view(latencies_before, read_server_latencies(details.get("url")), run.records))
     if args.json:
         report.write_json(doc, args.json)
     if args.json != "-":
@@ -538,7 +587,8 @@ def _sizes(values: Sequence[int]) -> dict[str, Any]:
 
 
 def replay_doc(args, plan: ReplayPlan, run: ReplayRun, template, details: dict[str, Any],
-               tokens: PromptTokens | None, prefix_cache_hit_rate: float | None) -> dict[str, Any]:
+               tokens: PromptTokens | None, prefix_cache_hit_rate: float | None,
+               server: dict[str, Any] | None = None) -> dict[str, Any]:
     """The ``spectrum.bench/1`` document of a replay: the bench's keys plus ``replay``."""
     from options.bench import report
 
@@ -594,6 +644,7 @@ def replay_doc(args, plan: ReplayPlan, run: ReplayRun, template, details: dict[s
             "clipped": {"input": plan.clipped_input, "output": plan.clipped_output,
                         "zero_output": plan.zero_output},
             "prefix_cache_hit_rate": prefix_cache_hit_rate,
+            "server": server,
             "duration_s": run.duration_s},
         "notes": list(plan.notes),
     }
@@ -654,6 +705,12 @@ def render_table(doc: dict[str, Any]):
                     f"{clipped['input']} / {clipped['output']}, {clipped['zero_output']}")
     if s["prefix_cache_hit_rate"] is not None:
         out.add_row("prefix-cache hit rate", f"{s['prefix_cache_hit_rate']:.1%}")
+    view = s.get("server")
+    if view and view["client_mean_ms"]:
+        mean = view["mean_ms"]
+        out.add_row("mean TTFT, client = engine queue + prefill + the rest",
+                    f"{_ms(view['client_mean_ms']['ttft'])} = {_ms(mean['queue'])} + {_ms(mean['prefill'])} + "
+                    f"{_ms(view['ttft_outside_engine_ms'])} ms (the server's own TTFT {_ms(mean['ttft'])} ms)")
     out.add_row("wall time", f"{s['duration_s']:.2f} s")
     out.add_row("errors", ", ".join(f"{k}: {v}" for k, v in c["errors"].items()) or "none")
     return Group(lat, out)

@@ -24,6 +24,7 @@ from standin_http import serving, stream_completion
 
 from cost.traces import AZURE_CONV_TRACE, read_trace, spec_trace
 from options.bench import replay, runner
+from options.bench.metrics import RequestRecord
 from options.bench.profile import prompt_number
 from options.bench.__main__ import main as bench_main
 from options.contract import OpenAICompletions, Request
@@ -186,6 +187,7 @@ def test_replay_is_open_loop_and_writes_the_replay_keys(tmp_path):
     for key in ("ttft_ms", "e2e_ms", "tpot_ms"):
         assert set(r["summary"][key]) >= {"p50", "p90", "p99"}
     assert set(r["summary"]["lateness_ms"]) == {"p50", "p99", "max"}
+    assert r["summary"]["server"] is None              # the stand-in has no /metrics to split TTFT by
     # Arrivals as the trace says; every request sent on time although each answer takes 0.5 s.
     for (t, n_in, n_out), req in zip(rows, r["requests"]):
         assert set(req) == {"arrival_s", "sent_s", "input_tokens", "output_tokens", "ttft_ms",
@@ -348,6 +350,22 @@ def test_replay_flags_without_a_trace_or_a_missing_trace_exit_2(argv, words, tmp
 
 # --- the client's limit ---------------------------------------------------------------------------
 
+def test_the_servers_view_is_its_means_over_the_replay_beside_the_clients():
+    before = {"ttft": (10.0, 100), "queue": (1.0, 100), "prefill": (4.0, 100), "e2e": (50.0, 100)}
+    after = {"ttft": (10.0 + 4 * 0.030, 104), "queue": (1.0 + 4 * 0.002, 104), "prefill": (4.0 + 4 * 0.012, 104),
+             "e2e": (50.0 + 4 * 0.5, 104)}
+    records = [RequestRecord(ttft_s=t, e2e_s=0.5 + t, input_tokens=10, output_tokens=8)
+               for t in (0.030, 0.036, 0.040, 0.054)] + [RequestRecord(error="http_500")]
+    view = replay.server_view(before, after, records)
+    assert view["requests"] == 4
+    assert view["mean_ms"] == pytest.approx({"ttft": 30.0, "queue": 2.0, "prefill": 12.0, "e2e": 500.0})
+    assert view["client_mean_ms"] == pytest.approx({"ttft": 40.0, "e2e": 540.0})
+    assert view["ttft_outside_engine_ms"] == pytest.approx(40.0 - 2.0 - 12.0)
+    # no reading on either side, or no request finished between them: nothing to say
+    assert replay.server_view(None, after, records) is None and replay.server_view(before, None, records) is None
+    assert replay.server_view(before, before, records) is None
+
+
 def test_requests_beyond_the_in_flight_limit_are_lost_not_delayed():
     with standin(delay_s=0.4) as url:
         send = runner.http_target(url, "openai-completions")
@@ -389,3 +407,10 @@ def test_replays_the_azure_trace_against_the_real_server(tmp_path):
         assert req["input_tokens"] == pytest.approx(min(n_in, 256), rel=0.15, abs=4)
     assert r["summary"]["late_sends"] == 0 and r["summary"]["lost"] == 0
     assert r["summary"]["ttft_ms"]["p50"] > 0 and doc["metrics"]["output_tokens_per_second"] > 0
+    # vLLM's own histograms over the same requests: the client waits longer than the server counts
+    # (HTTP, streaming), and the engine's queue and prefill are part of the server's TTFT.
+    view = r["summary"]["server"]
+    assert view["requests"] == len(trace)
+    assert view["client_mean_ms"]["ttft"] > view["mean_ms"]["ttft"] > view["mean_ms"]["prefill"] > 0
+    assert view["mean_ms"]["e2e"] > view["mean_ms"]["ttft"] and view["ttft_outside_engine_ms"] > 0
+    assert "engine queue + prefill" in done.stdout
