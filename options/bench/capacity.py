@@ -32,7 +32,8 @@ spell of a noisy machine lands on several points a little instead of on one a lo
   decoding, their KV tokens, prompt tokens prefilled a second), read from every request's first
   and last token times; each load's requests grouped by that batch into up to ``STEADY_GROUPS``
   points. The regime a replay below capacity meets, where bursts (all sequences synchronous, no
-  prompt arriving) misjudge the step.
+  prompt arriving) misjudge the step. Each phase is also kept whole (``steady_phases``: its
+  requests' times and sizes, and vLLM's own split of their TTFT into queue, prefill and the rest).
 
 The server's limits come from ``--max-num-seqs``, ``--max-num-batched-tokens`` and
 ``--kv-cache-tokens`` where given, else from what the server says (``GET /v1/models``:
@@ -362,6 +363,7 @@ class Collected:
     mixed_background: list[RequestRecord] = field(default_factory=list)
     saturation: dict[str, Any] | None = None
     steady: list[dict[str, Any]] = field(default_factory=list)
+    steady_phases: list[dict[str, Any]] = field(default_factory=list)
     started_at: str | None = None
 
 
@@ -506,12 +508,13 @@ def measure_saturation(m: Measurer, url: str | None, mix: list[tuple[int, int]],
 
 
 def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str, Any],
-                   load: float, window_s: float = STEADY_WINDOW_S
-                   ) -> tuple[list[dict[str, Any]], str | None]:
-    """The steady points at one ``load`` (see the module docstring), or none and why."""
+                   load: float, window_s: float = STEADY_WINDOW_S, url: str | None = None
+                   ) -> tuple[list[dict[str, Any]], str | None, dict[str, Any]]:
+    """The steady points at one ``load`` (see the module docstring), or none and why; and the
+    phase itself (``steady_phase``)."""
     import numpy as np
 
-    from options.bench.replay import send_open_loop
+    from options.bench.replay import read_server_latencies, send_open_loop, server_view
 
     mean_out = statistics.mean(o for _, o in mix)
     rate = load * saturation["output_tokens_per_second"] / mean_out          # requests a second
@@ -526,15 +529,34 @@ def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str
                                                       3_000_000 + phase * 10_000 + i),
                        messages=None, max_tokens=sizes[i][1], stream=True)
 
+    before = read_server_latencies(url)
     run = send_open_loop(arrivals.tolist(), build, m.send, [i for i, _ in sizes])
     for rec in run.records:
         m.on_request(rec)
+    phase_doc = steady_phase(load, rate, run.sent_s, run.records, server_view(before, read_server_latencies(url),
+                                                                               run.records))
     points = steady_points(run.sent_s, run.records)
     if not points:
         failed = sum(1 for r in run.records if not r.ok)
         return [], (f"steady at {load:.0%}: too few answers to group ({len(run.records) - failed} of {len(run.records)} "
-                    f"answered, {STEADY_MIN_GROUP} needed a group): left out")
-    return [{**p, "load": load, "request_rate": rate} for p in points], None
+                    f"answered, {STEADY_MIN_GROUP} needed a group): left out"), phase_doc
+    return [{**p, "load": load, "request_rate": rate} for p in points], None, phase_doc
+
+
+def steady_phase(load: float, rate: float, sent_s: list[float | None], records: list[RequestRecord],
+                 server: dict[str, Any] | None) -> dict[str, Any]:
+    """One steady phase as the profile keeps it: its answered requests, column by column (send
+    time, TTFT, E2E, sizes: what ``steady_points`` grouped, so another grouping or another term
+    can be fitted from the file later), and the server's own split of their TTFT
+    (``replay.server_view``), which says how much of it lies outside the engine at this load."""
+    done = [(t, r) for t, r in zip(sent_s, records) if t is not None and r.ok and r.ttft_s is not None
+            and r.e2e_s is not None]
+    return {"load": load, "request_rate": rate, "sent": len(records),
+            "requests": {"sent_s": [round(t, 6) for t, _ in done], "ttft_s": [round(r.ttft_s, 6) for _, r in done],
+                         "e2e_s": [round(r.e2e_s, 6) for _, r in done],
+                         "input_tokens": [r.input_tokens for _, r in done],
+                         "output_tokens": [r.output_tokens for _, r in done]},
+            "server": server}
 
 
 def steady_points(sent_s: list[float | None], records: list[RequestRecord],
@@ -622,6 +644,8 @@ def capacity_profile(plan: CapacityPlan, got: Collected, limits: ServerLimits, r
                           "decode_output_tokens": DECODE_OUTPUT_TOKENS,
                           "serial_output_tokens": SERIAL_OUTPUT_TOKENS, "serial_repeats": SERIAL_REPEATS,
                           "step_s": "decode: median over requests of (E2E − TTFT)/(output tokens − 1)"}}
+    if got.steady_phases:
+        profile["steady_phases"] = got.steady_phases
     return profile, notes
 
 
@@ -671,8 +695,9 @@ def bench_capacity(args, template, send, details, console, mix: list[tuple[int, 
         steady_notes = []
         for load in STEADY_LOADS if got.saturation is not None else ():
             bar.update(task, phase=f"steady: the trace's mix at {load:.0%} of the saturated rate")
-            points, note = measure_steady(measurer, mix, got.saturation, load)
+            points, note, phase = measure_steady(measurer, mix, got.saturation, load, url=details.get("url"))
             got.steady += points
+            got.steady_phases.append(phase)
             steady_notes += [note] if note else []
     profile, notes = capacity_profile(plan, got, limits, args.rounds)
     notes += [note for note in (saturation_note, *steady_notes) if note]

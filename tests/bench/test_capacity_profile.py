@@ -14,7 +14,7 @@ import pytest
 
 from cost.simulate.capacity import STEADY_MIN_OUTPUT, TOLERANCE, load_capacity
 from options.bench.capacity import (CapacityPlan, ServerLimits, _configured_limits,
-                                    kv_cache_from_metrics, steady_points)
+                                    kv_cache_from_metrics, steady_phase, steady_points)
 from options.bench.metrics import RequestRecord
 from options.core import BadInput
 
@@ -96,6 +96,29 @@ def test_steady_points_group_requests_by_the_batch_their_decode_met():
     assert full["decoding_seqs"] == pytest.approx(24.0) and full["tpot_s"] == pytest.approx(0.002)
     assert full["kv_tokens"] == pytest.approx(24 * (100 + 10), rel=0.02)
     assert lone["prefill_tokens_per_s"] == 0 and full["prefill_tokens_per_s"] == 0   # none arrived meanwhile
+
+
+def test_a_steady_phase_keeps_its_answered_requests_to_group_again():
+    together = [(0.0, _answered(100, 0.010, 20, 0.002)) for _ in range(24)]
+    alone = [(1.0 + k, _answered(300, 0.010, 20, 0.004)) for k in range(24)]
+    sent, records = map(list, zip(*(together + alone)))
+    sent.append(None)
+    records.append(RequestRecord(error="client_overloaded"))      # never sent
+    sent.append(30.0)
+    records.append(RequestRecord(error="http_503"))               # sent, not answered
+    view = {"requests": 48, "mean_ms": {"ttft": 8.0, "queue": 0.0, "prefill": 6.0, "e2e": 60.0}}
+    phase = steady_phase(0.6, 25.0, sent, records, view)
+    assert (phase["load"], phase["request_rate"], phase["sent"], phase["server"]) == (0.6, 25.0, 50, view)
+    kept = phase["requests"]
+    assert all(len(column) == 48 for column in kept.values())
+    again = steady_points(kept["sent_s"], [RequestRecord(ttft_s=f, e2e_s=e, input_tokens=i, output_tokens=o)
+                                           for f, e, i, o in zip(kept["ttft_s"], kept["e2e_s"], kept["input_tokens"],
+                                                                 kept["output_tokens"])], groups=6, min_group=12)
+    first = steady_points(sent, records, groups=6, min_group=12)
+    assert len(again) == len(first) == 4
+    for a, b in zip(again, first):                                # the same, to the kept rounding
+        assert a == {k: pytest.approx(v, rel=1e-4) if isinstance(v, float) else v for k, v in b.items()}
+    json.dumps(phase)                                             # it goes into the profile's JSON as it is
 
 
 def test_a_steady_point_counts_the_prompts_prefilled_while_it_decodes():

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from cost.simulate.capacity import group_by_batch
 from cost.traces import AZURE_CONV_TRACE
 from options.bench.capacity import STEADY_LOADS
 
@@ -150,6 +151,19 @@ def test_each_profile_measured_the_steady_load_in_groups_by_batch(validation):
         top = {share: max(p["decoding_seqs"] for p in fit["points"] if p.get("load") == share) for share in STEADY_LOADS}
         assert top[max(STEADY_LOADS)] > top[min(STEADY_LOADS)], (load, top)
         assert "each steady group as 3 points" in fit["method"]
+        # each phase kept whole: its requests regroup into its points, and the server split their TTFT
+        phases = r["capacity"]["capacity_profile"]["steady_phases"]
+        assert [p["load"] for p in phases] == list(STEADY_LOADS), load
+        for phase in phases:
+            kept = phase["requests"]
+            again = group_by_batch(kept["sent_s"], kept["ttft_s"], kept["e2e_s"], kept["input_tokens"],
+                                   kept["output_tokens"])
+            points = [p for p in fit["points"] if p["kind"] == "steady" and p["load"] == phase["load"]]
+            assert [g["tpot_s"] for g in again] == pytest.approx([p["tpot_s"] for p in points], rel=1e-4), \
+                (load, phase["load"])             # the same, to the kept rounding (µs)
+            view = phase["server"]
+            assert view["requests"] == len(kept["sent_s"]), (load, view)
+            assert view["client_mean_ms"]["ttft"] > view["mean_ms"]["ttft"] > view["mean_ms"]["prefill"] > 0, view
         # one line through all of them: a spell of the machine between the two phases shows here
         assert max(abs(p["residual"]) for p in fit["points"] if p["kind"] == "steady") < 0.35, load
 
