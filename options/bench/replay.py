@@ -476,12 +476,17 @@ SERVER_LATENCIES = {"ttft": "vllm:time_to_first_token_seconds", "queue": "vllm:r
 
 
 def read_server_latencies(base_url: str | None) -> dict[str, tuple[float, float]] | None:
-    """{part: (sum of seconds, count)} of ``SERVER_LATENCIES`` from ``base_url``/metrics; None where
-    the target has no such page or not these histograms (not vLLM)."""
-    from options.bench.metrics import metric_sum
+    """``server_latencies`` of ``base_url``/metrics."""
     from options.bench.runner import metrics_page
 
-    text = metrics_page(base_url)
+    return server_latencies(metrics_page(base_url))
+
+
+def server_latencies(text: str | None) -> dict[str, tuple[float, float]] | None:
+    """{part: (sum of seconds, count)} of ``SERVER_LATENCIES`` in a Prometheus page; None where
+    there is no page or not these histograms (not vLLM)."""
+    from options.bench.metrics import metric_sum
+
     if text is None:
         return None
     sums = {part: (metric_sum(text, name + "_sum"), metric_sum(text, name + "_count"))
@@ -516,7 +521,8 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
 
     from options.bench import report
     from options.bench.__main__ import warm_up_and_calibrate
-    from options.bench.program import hit_rate, read_prefix_cache
+    from options.bench.program import hit_rate, prefix_cache_counters
+    from options.bench.runner import metrics_page
 
     bedrock = details.get("service") == "bedrock-runtime"
     # Exact output sizes where the target can be told to ignore end-of-sequence (not Bedrock).
@@ -535,8 +541,12 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
         return replace(template, prompt=prompts.prompt(i, plan.input_tokens[i]), messages=None,
                        max_tokens=plan.output_tokens[i], stream=True)
 
-    cache_before = read_prefix_cache(details.get("url"))
-    latencies_before = read_server_latencies(details.get("url"))
+    def server_reading():
+        """(prefix-cache counters, latency histograms) from one read of the server's /metrics."""
+        page = metrics_page(details.get("url"))
+        return (None if page is None else prefix_cache_counters(page)), server_latencies(page)
+
+    cache_before, latencies_before = server_reading()
     with Progress(TextColumn("[bold]replay"), BarColumn(), MofNCompleteColumn(),
                   TextColumn("sent {task.fields[sent]} · in flight {task.fields[in_flight]} · "
                              "failed {task.fields[failed]}"), TimeElapsedColumn(),
@@ -545,9 +555,9 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
         run = send_open_loop(plan.arrival_s, build, send, plan.input_tokens,
                              on_progress=lambda c: bar.update(task, completed=c.done, sent=c.sent,
                                                               in_flight=c.in_flight, failed=c.failed))
-    cache_rate = hit_rate(cache_before, read_prefix_cache(details.get("url")))
-    doc = replay_doc(args, plan, run, template, details, tokens, cache_rate,
-                     server_view(latencies_before, read_server_latencies(details.get("url")), run.records))
+    cache_after, latencies_after = server_reading()
+    doc = replay_doc(args, plan, run, template, details, tokens, hit_rate(cache_before, cache_after),
+                     server_view(latencies_before, latencies_after, run.records))
     if args.json:
         report.write_json(doc, args.json)
     if args.json != "-":

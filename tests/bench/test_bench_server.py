@@ -17,7 +17,6 @@ from options.bench.profile import Profile, parse_lengths
 from options.contract import Request
 
 pytestmark = pytest.mark.engine
-MAX_MODEL_LEN = 1024                # the shared bench_server's (conftest.py)
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +71,12 @@ def test_other_dialects_count_exactly_with_poisson_arrivals(server_url, dialect)
     assert all(r.e2e_s == pytest.approx(r.ttft_s + sum(r.itl_s)) for r in run.records)
 
 
-def test_errors_are_counted_by_kind_and_the_exit_code_says_so(server_url, tmp_path):
+def test_errors_are_counted_by_kind_and_the_exit_code_says_so(bench_server, tmp_path):
     path = tmp_path / "bad.json"
     # More output than the context holds: the server refuses each request with a 400.
-    done = _cli("--url", server_url, "--requests", "3", "--concurrency", "3", "--warmup", "0",
-                "--output-tokens", str(MAX_MODEL_LEN * 4), "--json", str(path))
+    context = int(bench_server.env["SM_VLLM_MAX_MODEL_LEN"])
+    done = _cli("--url", bench_server.url, "--requests", "3", "--concurrency", "3", "--warmup", "0",
+                "--output-tokens", str(context * 4), "--json", str(path))
     assert done.returncode == 1, done.stdout + done.stderr
     doc = json.loads(path.read_text())
     assert doc["counts"]["errors"] == {"http_400": 3} and doc["counts"]["completed"] == 0
