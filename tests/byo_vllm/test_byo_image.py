@@ -151,3 +151,24 @@ def test_cpu_image_without_a_compiler_runs_the_model_eager():
     assert "SM_VLLM_ENFORCE_EAGER" in said
     # ...and so is the user's own TORCH_COMPILE_DISABLE.
     assert compile_mode(plain, on_cpu=True, compiler=None, env={"TORCH_COMPILE_DISABLE": "0"})[1] == {}
+
+
+def test_a_cpu_without_bfloat16_instructions_runs_float32_unless_the_settings_choose():
+    """vLLM on CPU runs bfloat16 by default; without AVX512-BF16 or AMX that is emulated at
+    about half the speed, so the server picks float32 there and says so in its log."""
+    from byo_vllm.config import settings_from_env
+    from byo_vllm.engine_args import cpu_dtype, parse_serve_args
+
+    model = {"SPECTRUM_SERVER_MODEL_DIR": str(IMAGE_DIR)}
+    plain = settings_from_env(model)
+    flags, said = cpu_dtype(plain, on_cpu=True, native_bf16=False)
+    assert flags == ["--dtype", "float32"] and "no bfloat16 instructions" in said and "SM_VLLM_DTYPE" in said
+    assert cpu_dtype(plain, on_cpu=True, native_bf16=True) == ([], None)
+    assert cpu_dtype(plain, on_cpu=False, native_bf16=False) == ([], None)
+    chosen = settings_from_env({**model, "SM_VLLM_DTYPE": "bfloat16"})
+    flags, said = cpu_dtype(chosen, on_cpu=True, native_bf16=False)
+    assert flags == [] and "SM_VLLM_DTYPE" in said
+    # Through vLLM's own parser: the flag lands as a dtype vLLM takes.
+    from byo_vllm.engine_args import cpu_has_native_bf16
+    dtype = parse_serve_args(plain).dtype
+    assert dtype == ("auto" if cpu_has_native_bf16() else "float32")

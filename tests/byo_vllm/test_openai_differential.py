@@ -149,6 +149,17 @@ def _clean(body: dict) -> dict:
     return {k: v for k, v in body.items() if v is not None}
 
 
+def same_dtype_as_ours() -> list[str]:
+    """The dtype flag our server adds on this CPU (``cpu_dtype``), so both run the same
+    arithmetic and greedy decoding gives the same tokens."""
+    from byo_vllm.config import settings_from_env
+    from byo_vllm.engine_args import cpu_dtype, cpu_has_native_bf16
+
+    flags, _ = cpu_dtype(settings_from_env({"SPECTRUM_SERVER_MODEL_DIR": str(Path(__file__).parent)}),
+                         on_cpu=True, native_bf16=cpu_has_native_bf16())
+    return flags
+
+
 class VllmServer:
     """vLLM's OpenAI server (what ``vllm serve`` runs) on the tiny model, in its own process
     group. Started through its module: the ``vllm`` script looks up a distribution named
@@ -163,7 +174,7 @@ class VllmServer:
                         "--host", "127.0.0.1", "--served-model-name", NAME,
                         "--max-model-len", "2048", "--enforce-eager",
                         "--tool-call-parser", "pythonic", "--enable-auto-tool-choice",
-                        "--structured-outputs-config", STRUCTURED]
+                        "--structured-outputs-config", STRUCTURED, *same_dtype_as_ours()]
         self.process = None
 
     def start(self) -> "VllmServer":
