@@ -27,7 +27,8 @@ spell of a noisy machine lands on several points a little instead of on one a lo
   What the replay at a --load of this profile will meet near capacity, measured instead of
   extrapolated from bursts of short prompts.
 - after saturation, steady: the same mix sent open loop, Poisson arrivals offering each of
-  ``STEADY_LOADS`` of the output tok/s just measured in turn, for ``STEADY_WINDOW_S``. For each answered
+  ``STEADY_LOADS`` of the output tok/s just measured in turn, for ``STEADY_WINDOW_S`` or
+  ``STEADY_MIN_REQUESTS`` requests, whichever lasts longer. For each answered
   request: its time per output token, and what its decode steps held on average (sequences
   decoding, their KV tokens, prompt tokens prefilled a second), read from every request's first
   and last token times; each load's requests grouped by that batch into up to ``STEADY_GROUPS``
@@ -95,10 +96,14 @@ SATURATION_IN_FLIGHT = 1.25
 SATURATION_WARMUP_S = 6.0
 SATURATION_WINDOW_S = 12.0
 SATURATION_SAMPLE_S = 0.5
-# The steady points: the load offered (of the saturated output tok/s) and how long arrivals last;
-# how they are grouped is cost.simulate.capacity's (STEADY_GROUPS, STEADY_MIN_GROUP, ...).
+# The steady points: the load offered (of the saturated output tok/s) and how long arrivals last,
+# at least; how they are grouped is cost.simulate.capacity's (STEADY_GROUPS, STEADY_MIN_GROUP, ...).
 STEADY_LOADS = (0.6, 0.85)
 STEADY_WINDOW_S = 10.0
+# ...and how many requests a phase sends, at least: a slow server (a few requests a second) gets a
+# longer phase. On an AVX2 host a 10 s phase sent 40-55 requests: three or four groups of 13, so
+# noisy that the 85 % phase's largest batch came out below the 60 % phase's.
+STEADY_MIN_REQUESTS = 10 * STEADY_MIN_GROUP
 # Planning when the server does not say its max_model_len (a SageMaker endpoint, a plain URL).
 ASSUMED_MAX_MODEL_LEN = 2048
 # vLLM 0.32's limits when none are set (engine/arg_utils.py, OpenAI API server): on CPU, the
@@ -519,7 +524,8 @@ def measure_steady(m: Measurer, mix: list[tuple[int, int]], saturation: dict[str
     mean_out = statistics.mean(o for _, o in mix)
     rate = load * saturation["output_tokens_per_second"] / mean_out          # requests a second
     phase = round(load * 100)                 # seeds and prompt numbers of their own per load
-    arrivals = np.cumsum(np.random.default_rng([m.seed, 7_919, phase]).exponential(1 / rate, math.ceil(rate * window_s)))
+    arrivals = np.cumsum(np.random.default_rng([m.seed, 7_919, phase]).exponential(
+        1 / rate, max(math.ceil(rate * window_s), STEADY_MIN_REQUESTS)))
     sizes = [mix[i % len(mix)] for i in range(len(arrivals))]
     words = m.tokens or PromptTokens()
 
