@@ -123,8 +123,9 @@ def test_each_profile_saturated_the_server_with_the_traces_mix_and_fits_it(valid
         fit = r["capacity"]["capacity_model"]["fit"]
         (sat,) = [p for p in fit["points"] if p["kind"] == "saturation"]
         seqs = r["capacity"]["capacity_profile"]["limits"]["max_num_seqs"]
-        # The batch was full, and stayed nearly so: on an AVX2 host (2.5x slower) the API server,
-        # sharing a core with the client, hands replacements on late enough to hold it at 86 %.
+        # The batch was full, and stayed nearly so: on an AVX2 host emulating bfloat16 (a tenth of
+        # the speed) the API server, sharing a core with the client, handed replacements on late
+        # enough to hold it at 86 %.
         assert sat["running_seqs_max"] == seqs and sat["running_seqs"] >= 0.8 * seqs, (load, sat)
         assert sat["requests_failed"] == 0 and sat["requests_answered"] > 0, (load, sat)
         # the mix is the replay's: the same window and clipping, so the same mean sizes (the

@@ -157,7 +157,7 @@ def test_a_cpu_without_bfloat16_instructions_runs_float32_unless_the_settings_ch
     """vLLM on CPU runs bfloat16 by default; without AVX512-BF16 or AMX that is emulated at
     about half the speed, so the server picks float32 there and says so in its log."""
     from byo_vllm.config import settings_from_env
-    from byo_vllm.engine_args import cpu_dtype, parse_serve_args
+    from byo_vllm.engine_args import cpu_dtype, cpu_has_native_bf16, parse_serve_args
 
     model = {"SPECTRUM_SERVER_MODEL_DIR": str(IMAGE_DIR)}
     plain = settings_from_env(model)
@@ -169,6 +169,5 @@ def test_a_cpu_without_bfloat16_instructions_runs_float32_unless_the_settings_ch
     flags, said = cpu_dtype(chosen, on_cpu=True, native_bf16=False)
     assert flags == [] and "SM_VLLM_DTYPE" in said
     # Through vLLM's own parser: the flag lands as a dtype vLLM takes.
-    from byo_vllm.engine_args import cpu_has_native_bf16
     dtype = parse_serve_args(plain).dtype
     assert dtype == ("auto" if cpu_has_native_bf16() else "float32")

@@ -39,7 +39,7 @@ PERMISSION = textwrap.dedent("""
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="arch_prctl is Linux's")
-def test_the_plugin_gets_the_process_amx_and_can_run_twice():
+def test_the_plugin_gets_the_process_amx_where_the_cpu_has_it_and_can_run_twice():
     import json
     import platform
 
@@ -49,6 +49,8 @@ def test_the_plugin_gets_the_process_amx_and_can_run_twice():
     assert done.returncode == 0, done.stderr
     seen = json.loads(done.stdout.strip().splitlines()[-1])
     if not seen["amx"]:
-        pytest.skip("this CPU has no AMX tiles")
+        # Without AMX tiles the plugin asks nothing, and the process runs on as it was.
+        assert seen == {"amx": False, "before": False, "after": False, "again": False}
+        return
     # A fresh process (torch imported) has no permission until it asks, as the engine's worker had not.
     assert seen == {"amx": True, "before": False, "after": True, "again": True}

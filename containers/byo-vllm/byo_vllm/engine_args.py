@@ -181,12 +181,11 @@ def parse_serve_args(settings: ServerSettings) -> argparse.Namespace:
 
     parser = engine_parser()
     argv = engine_argv(settings, parser)
-    extra, engine_env, said = compile_mode(settings, current_platform.is_cpu(), cpp_compiler(),
-                                           os.environ)
+    on_cpu = current_platform.is_cpu()
+    extra, engine_env, said = compile_mode(settings, on_cpu, cpp_compiler(), os.environ)
     log.info("%s", said)
     os.environ.update(engine_env)          # read by the engine's processes, spawned later
     argv += extra
-    on_cpu = current_platform.is_cpu()
     dtype_flags, said = cpu_dtype(settings, on_cpu, on_cpu and cpu_has_native_bf16())
     if said:
         log.info("%s", said)
