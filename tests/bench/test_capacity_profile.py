@@ -1,5 +1,5 @@
 """``python -m options.bench --profile capacity``: the plan and the limits (pure), bad input
-(exit 2 before any server starts), and one run against the real local server (vLLM on CPU,
+(exit 2 before any server starts), and one profile of the bench's shared server (vLLM on CPU,
 tiny model) whose fitted model must reproduce what it measured.
 """
 from __future__ import annotations
@@ -155,36 +155,12 @@ def test_bad_input_is_exit_2_before_any_server_starts(extra, message):
 
 
 # --- against the real server -------------------------------------------------------------------
-
-def _run_profile(path) -> subprocess.CompletedProcess:
-    # The bench starts the server itself (once for this module), as a user's run would.
-    return _cli("--profile", "capacity", "--json", str(path), timeout=600,
-                env={"SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "SM_VLLM_ENFORCE_EAGER": "",
-                     "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
-                     "COLUMNS": "120"})
-
-
-@pytest.fixture(scope="module")
-def capacity_bench(tiny_model, tmp_path_factory):
-    """One run (~60 s: 25 s of server start, 30 s of requests). These machines are noisy and noise
-    only slows a point down: a run whose fit misses its bounds is taken once more, and the test
-    judges the better of the two."""
-    folder = tmp_path_factory.mktemp("capacity")
-    runs = []
-    for attempt in range(2):
-        path = folder / f"capacity-{attempt}.json"
-        done = _run_profile(path)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        doc = json.loads(path.read_text())
-        runs.append((path, doc, done.stdout))
-        if doc["capacity_model"]["fit"]["within_tolerance"]:
-            break
-    return min(runs, key=lambda r: r[1]["capacity_model"]["fit"]["rms_residual"])
-
+# The bench's shared server, profiled with a trace's mix (conftest.py's trace_profile): the plan's
+# points, then the mix saturating the server and held steady below it.
 
 @pytest.mark.engine
-def test_the_profile_measures_every_point_and_the_servers_limits(capacity_bench):
-    _, doc, stdout = capacity_bench
+def test_the_profile_measures_every_point_and_the_servers_limits(trace_profile):
+    doc, stdout = trace_profile.doc, trace_profile.stdout
     assert doc["schema"] == "spectrum.bench/1" and doc["counts"]["errors"] == {}
     assert doc["metrics"]["output_tokens_per_second"] > 0            # older readers' capacity
     assert doc["profile"]["concurrency"] == 64
@@ -206,8 +182,8 @@ def test_the_profile_measures_every_point_and_the_servers_limits(capacity_bench)
 
 
 @pytest.mark.engine
-def test_the_fitted_model_is_positive_and_reproduces_its_points(capacity_bench):
-    path, doc, stdout = capacity_bench
+def test_the_fitted_model_is_positive_and_reproduces_its_points(trace_profile):
+    path, doc, stdout = trace_profile.path, trace_profile.doc, trace_profile.stdout
     model = doc["capacity_model"]
     assert model["schema"] == "spectrum.capacity/1"
     for name in ("step_base_s", "step_per_seq_s", "prefill_per_token_s", "request_overhead_s"):
