@@ -1,6 +1,6 @@
 """One bring-your-own server (vLLM on CPU, tiny model) shared by the bench's tests that need a
 plain one, and one capacity profile of it that two modules read: a server start is 25-50 s and
-a profile 50-100 s (by host). The server starts with the first test that asks for it and stops
+a profile 50-190 s (by host). The server starts with the first test that asks for it and stops
 as soon as the run leaves this folder, so it holds no memory while the rest of the suite starts
 servers of its own. Each bench run tags its prompts (the bench's run tag), so none finds
 another's in the prefix cache. Tests that need a server configured otherwise (adapters, a
@@ -41,12 +41,26 @@ def bench_server(tiny_model, tmp_path_factory) -> LocalServer:
 FIT_BOUND = 0.25
 
 
+# The mix the validation replays (test_replay_predicted.py) and the shared profile saturates the
+# server with: minutes 10-13 of the conversation trace (~950 requests), clipped for the tiny
+# model's context.
+TRACE_MIX = ("--replay", str(AZURE_CONV_TRACE), "--window", "600:780", "--max-input", "512", "--max-output", "128")
+
+
+def profile_with_trace_mix(url: str, path: Path) -> subprocess.CompletedProcess:
+    """``options.bench --profile capacity`` of the server at ``url`` with TRACE_MIX, into ``path``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "options.bench", "--no-progress", "--profile", "capacity", "--url", url,
+         "--level", "5", *TRACE_MIX, "--json", str(path)],
+        capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "120"})
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    return done
+
+
 @dataclass(frozen=True)
 class TraceProfile:
-    """A capacity profile (``--profile capacity --replay``) of the shared server: its file, the
-    document in it and what the bench printed."""
-    window: str                 # the replay mix: a window of the Azure conversation trace
-    clip: tuple[str, ...]       # and the clipping of its sizes
+    """A capacity profile of the shared server with TRACE_MIX: its file, the document in it and
+    what the bench printed."""
     path: Path
     doc: dict
     stdout: str
@@ -54,23 +68,15 @@ class TraceProfile:
 
 @pytest.fixture(scope="session")
 def trace_profile(bench_server, tmp_path_factory) -> TraceProfile:
-    """The shared server profiled with the mix the validation replays (test_replay_predicted.py:
-    minutes 10-13 of the conversation trace, clipped as it clips them): what
-    test_capacity_profile.py checks, and what CI's validation paces its replays from. Noise on
-    these machines only slows a point down: a profile whose fit misses FIT_BOUND is taken once
-    more, and the better fit kept. A profile takes 50-190 s (by host)."""
-    window, clip = "600:780", ("--max-input", "512", "--max-output", "128")
+    """The shared server profiled with TRACE_MIX: what test_capacity_profile.py checks, and what
+    CI's validation paces its replays from. Noise on these machines only slows a point down: a
+    profile whose fit misses FIT_BOUND is taken once more, and the better fit kept."""
     folder = tmp_path_factory.mktemp("trace-profile")
     runs = []
     for attempt in range(2):
         path = folder / f"capacity-{attempt}.json"
-        done = subprocess.run(
-            [sys.executable, "-m", "options.bench", "--no-progress", "--profile", "capacity", "--url",
-             bench_server.url, "--level", "5", "--replay", str(AZURE_CONV_TRACE), "--window", window,
-             *clip, "--json", str(path)],
-            capture_output=True, text=True, timeout=600, env={**os.environ, "COLUMNS": "120"})
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        runs.append(TraceProfile(window, clip, path, json.loads(path.read_text()), done.stdout))
+        done = profile_with_trace_mix(bench_server.url, path)
+        runs.append(TraceProfile(path, json.loads(path.read_text()), done.stdout))
         check = runs[-1].doc["capacity_model"]["fit"]["check"]
         if all(check[kind]["worst"] <= FIT_BOUND for kind in ("decode", "prefill")):
             break

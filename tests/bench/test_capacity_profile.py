@@ -12,14 +12,13 @@ import sys
 
 import pytest
 
-from conftest import FIT_BOUND
+from conftest import FIT_BOUND, MAX_MODEL_LEN    # the shared server's context
 from cost.simulate.capacity import STEADY_MIN_OUTPUT, TOLERANCE, load_capacity
 from options.bench.capacity import (CapacityPlan, ServerLimits, _configured_limits,
                                     kv_cache_from_metrics, steady_phase, steady_points)
 from options.bench.metrics import RequestRecord
 from options.core import BadInput
 
-MAX_MODEL_LEN = 1024
 CACHE_INFO = ('vllm:cache_config_info{block_size="128",engine="0",kv_cache_size_tokens="%s",'
               'num_gpu_blocks="16384"} 1.0\n')
 

@@ -15,7 +15,7 @@ same spell, and again right after it, which says how far the speed moved meanwhi
 prediction is recorded beside, not judged). CI paces all three from the one profile the
 bench's tests share (conftest.py's ``trace_profile``, taken with this mix and checked by
 test_capacity_profile.py): what it asserts at 90 % is the prediction at the replay's own speed,
-which an older profile does not move, and each profile is 50-100 s of a suite on a budget.
+which an older profile does not move, and each profile is 50-190 s of a suite on a budget.
 
 What is asserted is what the model must get right on a machine whose speed moves 2-3× between
 minutes (FACTS §4): at half the profile's capacity, p50 TTFT and E2E within a factor of 2 of the
@@ -39,8 +39,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TRACE_MIX, profile_with_trace_mix
 from cost.simulate.capacity import group_by_batch
-from cost.traces import AZURE_CONV_TRACE
 from options.bench.capacity import STEADY_LOADS
 
 pytestmark = pytest.mark.engine
@@ -60,14 +60,6 @@ def validation(bench_server, trace_profile, tmp_path_factory):
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     server = bench_server
-    # minutes 10-13 of the conversation trace (~950 requests), clipped: the mix the shared
-    # profile saturated the server with
-    window, clip = trace_profile.window, trace_profile.clip
-
-    def profile(path: Path) -> None:
-        _run("options.bench", "--no-progress", "--profile", "capacity", "--url", server.url, "--level", "5",
-             "--replay", str(AZURE_CONV_TRACE), "--window", window, *clip, "--json", str(path))
-
     def predict(replay: Path, bench: Path) -> dict:
         return json.loads(_run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench),
                                "--json").stdout)
@@ -75,11 +67,11 @@ def validation(bench_server, trace_profile, tmp_path_factory):
     for load in LOADS:
         bench, after = folder / f"capacity-{load}.json", folder / f"capacity-after-{load}.json"
         if recording:
-            profile(bench)
+            profile_with_trace_mix(server.url, bench)
         else:
             bench = trace_profile.path      # CI: the bench's shared profile paces all three
         replay = folder / f"replay-{load}.json"
-        _run("options.bench", "--no-progress", "--replay", str(AZURE_CONV_TRACE), "--window", window, *clip,
+        _run("options.bench", "--no-progress", *TRACE_MIX,
              "--load", load, "--capacity", str(bench), "--url", server.url, "--level", "5", "--json", str(replay))
         results[load] = {"prediction": predict(replay, bench),
                          "replay": json.loads(replay.read_text())["replay"],
@@ -87,7 +79,7 @@ def validation(bench_server, trace_profile, tmp_path_factory):
         if recording:
             # The same server profiled again right after the replay: how far its speed moved
             # while the replay ran (recorded beside the prediction, which uses the profile before).
-            profile(after)
+            profile_with_trace_mix(server.url, after)
             results[load]["after"] = predict(replay, after)
     if recording:
         shutil.copy(server.log_path, folder / "server.log")
