@@ -1,9 +1,22 @@
-"""Fixtures shared by the whole suite."""
+"""Fixtures shared by the whole suite, among them the servers tests in several folders share
+(shared_servers.py: each stops after its last test)."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterator
 
 import pytest
+from shared_servers import after_test, note_collected, shared_server
+
+from options.local_server import LocalServer
+
+
+def pytest_collection_finish(session):
+    note_collected(session.items)
+
+
+def pytest_runtest_teardown(item, nextitem):
+    after_test(item)
 
 
 @pytest.fixture(scope="session")
@@ -11,6 +24,16 @@ def tiny_model() -> Path:
     """The folder of the tiny random-weight Llama (built once, cached across runs)."""
     from options.tiny_model import tiny_model_dir
     return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def pooling_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]:
+    """The bring-your-own server running the tiny model as a pooling model (embeddings) with its
+    whole 2,048-token context, eager: test_byo_embeddings.py's server and the agent's retrieval's."""
+    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_RUNNER": "pooling", "SM_VLLM_MAX_MODEL_LEN": "2048",
+           "SM_VLLM_ENFORCE_EAGER": ""}
+    with shared_server(request, env, tmp_path_factory.mktemp("pooling-server") / "server.log") as server:
+        yield server
 
 
 @pytest.fixture

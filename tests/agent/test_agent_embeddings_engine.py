@@ -1,7 +1,7 @@
 """The agent's retrieval with a real pooling server's embeddings: the bring-your-own server with
-SM_VLLM_RUNNER=pooling answers POST /v1/embeddings for the documents and the question, while the
-scripted rung answers the chain's generation calls (the real engine's generation is
-test_agent.py's engine test)."""
+SM_VLLM_RUNNER=pooling (the suite's shared one, tests/conftest.py) answers POST /v1/embeddings
+for the documents and the question, while the scripted rung answers the chain's generation calls
+(the real engine's generation is test_agent.py's engine test)."""
 from __future__ import annotations
 
 import json
@@ -12,18 +12,14 @@ from test_agent import QUESTION, _cli
 
 
 @pytest.mark.engine
-def test_the_agent_retrieves_with_a_pooling_servers_embeddings(scripted_rung, docs, tmp_path, tiny_model):
-    from options.local_server import LocalServer
-
+def test_the_agent_retrieves_with_a_pooling_servers_embeddings(scripted_rung, docs, pooling_server):
     rung, url = scripted_rung
-    with LocalServer({"HF_MODEL_ID": str(tiny_model), "SM_VLLM_RUNNER": "pooling"},
-                     log_path=tmp_path / "pooling.log") as server:
-        server.wait_ready(600)
-        done = _cli("--level", "5", "--url", url, "--embeddings-url", server.url, "--instance", "ml.g5.xlarge",
-                    "--docs", str(docs), "--question", QUESTION, "--json", timeout=300)
-        asked = urllib.request.Request(server.url + "/v1/embeddings", data=json.dumps({"input": [QUESTION]}).encode(),
-                                       headers={"Content-Type": "application/json"})
-        question_tokens = json.load(urllib.request.urlopen(asked, timeout=60))["usage"]["prompt_tokens"]
+    server = pooling_server
+    done = _cli("--level", "5", "--url", url, "--embeddings-url", server.url, "--instance", "ml.g5.xlarge",
+                "--docs", str(docs), "--question", QUESTION, "--json", timeout=300)
+    asked = urllib.request.Request(server.url + "/v1/embeddings", data=json.dumps({"input": [QUESTION]}).encode(),
+                                   headers={"Content-Type": "application/json"})
+    question_tokens = json.load(urllib.request.urlopen(asked, timeout=60))["usage"]["prompt_tokens"]
     assert done.returncode == 0, done.stdout + done.stderr
     trace = json.loads(done.stdout)
     assert [c["role"] for c in trace["calls"]] == ["plan", "embed", "summarise", "analyse"]

@@ -1,6 +1,7 @@
 """Embeddings from the bring-your-own server through real HTTP: the tiny Llama run by vLLM as a
-pooling model (``SM_VLLM_RUNNER=pooling``), one server for the module, first-come-first-served
-scheduling (vLLM's default)."""
+pooling model (``SM_VLLM_RUNNER=pooling``), first-come-first-served scheduling (vLLM's default).
+The server is the suite's shared pooling server (tests/conftest.py), which the agent's retrieval
+test also embeds with."""
 from __future__ import annotations
 
 import base64
@@ -12,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import MAX_MODEL_LEN, StartedServer, engine_info, server_env, serving
+from conftest import MAX_MODEL_LEN, StartedServer, engine_info
 from options import contract
 
 pytestmark = pytest.mark.engine
@@ -22,10 +23,9 @@ TEXTS = ["The deployment spectrum has six rungs.", "Bedrock bills per token.",
 
 
 @pytest.fixture(scope="module")
-def pooling_server(tiny_model, tmp_path_factory):
-    with serving(server_env(tiny_model, SM_VLLM_RUNNER="pooling"), tmp_path_factory,
-                 "byo-pooling") as server:
-        yield server
+def pooler(pooling_server) -> StartedServer:
+    assert pooling_server.env["SM_VLLM_MAX_MODEL_LEN"] == str(MAX_MODEL_LEN)    # the refusals below
+    return StartedServer(pooling_server, [], pooling_server.log_path)
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,11 @@ def _close(a: list[float], b: list[float], tol: float = 1e-4) -> bool:
     return len(a) == len(b) and max(abs(x - y) for x, y in zip(a, b)) <= tol
 
 
-def test_a_batch_answers_one_vector_per_input_in_order(pooling_server, tokenizer, hidden_size):
-    r = pooling_server.post("/v1/embeddings", {"input": TEXTS, "model": "anything"})
+def test_a_batch_answers_one_vector_per_input_in_order(pooler, tokenizer, hidden_size):
+    r = pooler.post("/v1/embeddings", {"input": TEXTS, "model": "anything"})
     body = r.json()
     assert r.status_code == 200, body
-    assert body["object"] == "list" and body["model"] == pooling_server.server.env["HF_MODEL_ID"]
+    assert body["object"] == "list" and body["model"] == pooler.server.env["HF_MODEL_ID"]
     assert [(d["object"], d["index"]) for d in body["data"]] == [("embedding", i) for i in range(3)]
     vectors = _vectors(r)
     assert {len(v) for v in vectors} == {hidden_size}
@@ -61,7 +61,7 @@ def test_a_batch_answers_one_vector_per_input_in_order(pooling_server, tokenizer
     counted = sum(len(tokenizer(t).input_ids) for t in TEXTS)
     assert body["usage"] == {"prompt_tokens": counted, "total_tokens": counted}
     # Order: each vector is its own text's, as when that text is embedded alone.
-    alone = [_vectors(pooling_server.post("/v1/embeddings", {"input": t}))[0] for t in TEXTS]
+    alone = [_vectors(pooler.post("/v1/embeddings", {"input": t}))[0] for t in TEXTS]
     for i, (batched, single) in enumerate(zip(vectors, alone)):
         assert _close(batched, single), f"input {i} differs from itself embedded alone"
     # Different texts, different vectors.
@@ -70,39 +70,39 @@ def test_a_batch_answers_one_vector_per_input_in_order(pooling_server, tokenizer
             assert not _close(vectors[i], vectors[j], 1e-3), (i, j)
 
 
-def test_same_text_same_vector_and_token_ids_equal_their_text(pooling_server, tokenizer):
-    first = _vectors(pooling_server.post("/v1/embeddings", {"input": TEXTS[0]}))[0]
-    again = _vectors(pooling_server.post("/v1/embeddings", {"input": [TEXTS[0]]}))[0]
+def test_same_text_same_vector_and_token_ids_equal_their_text(pooler, tokenizer):
+    first = _vectors(pooler.post("/v1/embeddings", {"input": TEXTS[0]}))[0]
+    again = _vectors(pooler.post("/v1/embeddings", {"input": [TEXTS[0]]}))[0]
     assert _close(first, again, 1e-5)
     ids = tokenizer(TEXTS[0]).input_ids
-    r = pooling_server.post("/v1/embeddings", {"input": ids})
+    r = pooler.post("/v1/embeddings", {"input": ids})
     assert _close(_vectors(r)[0], first) and r.json()["usage"]["prompt_tokens"] == len(ids)
 
 
-def test_base64_decodes_to_the_float_vector(pooling_server):
-    floats = _vectors(pooling_server.post("/v1/embeddings", {"input": TEXTS[:2]}))
-    r = pooling_server.post("/v1/embeddings", {"input": TEXTS[:2], "encoding_format": "base64"})
+def test_base64_decodes_to_the_float_vector(pooler):
+    floats = _vectors(pooler.post("/v1/embeddings", {"input": TEXTS[:2]}))
+    r = pooler.post("/v1/embeddings", {"input": TEXTS[:2], "encoding_format": "base64"})
     assert r.status_code == 200, r.text
     for item, expected in zip(r.json()["data"], floats):
         raw = base64.b64decode(item["embedding"])
         assert len(raw) == 4 * len(expected)
         assert list(struct.unpack(f"<{len(expected)}f", raw)) == expected
     # The project's client reads both encodings (and the usage) the same way.
-    via_client = contract.embed_http(pooling_server.url, TEXTS[:2], encoding_format="base64")
+    via_client = contract.embed_http(pooler.url, TEXTS[:2], encoding_format="base64")
     assert via_client.vectors == floats and via_client.input_tokens == r.json()["usage"][
         "prompt_tokens"]
 
 
-def test_invocations_take_the_openai_body_and_tei_feature_extraction(pooling_server):
-    expected = _vectors(pooling_server.post("/v1/embeddings", {"input": TEXTS}))
-    openai = _vectors(pooling_server.post("/invocations", {"input": TEXTS}))
-    tei = pooling_server.post("/invocations", {"inputs": TEXTS})
-    one = pooling_server.post("/invocations", {"inputs": TEXTS[1]})
+def test_invocations_take_the_openai_body_and_tei_feature_extraction(pooler):
+    expected = _vectors(pooler.post("/v1/embeddings", {"input": TEXTS}))
+    openai = _vectors(pooler.post("/invocations", {"input": TEXTS}))
+    tei = pooler.post("/invocations", {"inputs": TEXTS})
+    one = pooler.post("/invocations", {"inputs": TEXTS[1]})
     assert tei.status_code == 200 and one.status_code == 200, (tei.text, one.text)
     assert all(_close(a, b) for a, b in zip(openai, expected))
     assert isinstance(tei.json(), list) and all(_close(a, b) for a, b in zip(tei.json(), expected))
     assert len(one.json()) == 1 and _close(one.json()[0], expected[1])
-    client = contract.embed_http(pooling_server.url, TEXTS, path="/invocations")
+    client = contract.embed_http(pooler.url, TEXTS, path="/invocations")
     assert all(_close(a, b) for a, b in zip(client.vectors, expected))
 
 
@@ -116,8 +116,8 @@ def _refused(server: StartedServer, path: str, body, field, *words: str) -> dict
     return error
 
 
-def test_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(pooling_server):
-    s = pooling_server
+def test_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(pooler):
+    s = pooler
     _refused(s, "/v1/embeddings", {"input": []}, "input", "must be a text")
     _refused(s, "/v1/embeddings", {"input": ["fine", 5]}, "input[1]", "non-empty text")
     _refused(s, "/v1/embeddings", {"input": ["fine", ""]}, "input[1]", "empty text")
@@ -147,14 +147,14 @@ def test_bad_input_is_a_400_naming_the_field_and_the_server_keeps_serving(poolin
     assert requests.get(s.url + "/ping", timeout=2).status_code == 200
 
 
-def test_the_server_says_what_its_engine_runs_as(pooling_server):
-    (model,) = requests.get(pooling_server.url + "/v1/models", timeout=10).json()["data"]
+def test_the_server_says_what_its_engine_runs_as(pooler):
+    (model,) = requests.get(pooler.url + "/v1/models", timeout=10).json()["data"]
     assert model["runner"] == "pooling" and "embed" in model["tasks"]
     assert model["scheduling_policy"] == "fcfs"
     assert isinstance(model["prefix_caching"], bool)
     state = "on" if model["prefix_caching"] else "off"
-    assert engine_info(pooling_server) == {"runner": "pooling", "scheduling_policy": "fcfs",
+    assert engine_info(pooler) == {"runner": "pooling", "scheduling_policy": "fcfs",
                                            "prefix_caching": state}
-    assert pooling_server.metric("byo_embedding_inputs_total") >= len(TEXTS)
-    log = pooling_server.log.read_text()
+    assert pooler.metric("byo_embedding_inputs_total") >= len(TEXTS)
+    log = pooler.log.read_text()
     assert "runner pooling" in log and f"prefix caching {state}" in log

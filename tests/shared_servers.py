@@ -1,0 +1,44 @@
+"""Servers that tests share across modules and folders: an engine start is the expensive part of
+this suite (25-50 s by host), so such a server starts once, for the session fixture that asks for
+it, and stops right after the last collected test that uses that fixture (directly or through
+another fixture), so that it holds no memory while the rest of the suite starts servers of its
+own. tests/conftest.py's hooks call ``note_collected`` and ``after_test``."""
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from options.local_server import LocalServer
+
+# fixture name -> the node id of the last collected test that uses it
+_last_user: dict[str, str] = {}
+# fixture name -> its server, while it runs
+_running: dict[str, LocalServer] = {}
+
+
+@contextmanager
+def shared_server(request, env: dict[str, str], log_path: Path) -> Iterator[LocalServer]:
+    """Start a server for the session fixture whose ``request`` this is; it stops after that
+    fixture's last test, or when the session ends if that comes first (a failed start)."""
+    name = request.fixturename
+    server = LocalServer(env, log_path=log_path)
+    _running[name] = server
+    server.start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        if _running.pop(name, None) is not None:
+            server.stop()
+
+
+def note_collected(items) -> None:
+    for item in items:
+        for name in getattr(item, "fixturenames", ()):
+            _last_user[name] = item.nodeid
+
+
+def after_test(item) -> None:
+    for name in [n for n in _running if _last_user.get(n) == item.nodeid]:
+        _running.pop(name).stop()
