@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from shared_servers import after_test, note_collected, shared_server
+from shared_servers import PLAIN_MAX_MODEL_LEN, after_test, note_collected, shared_server
 
 from options.local_server import LocalServer
 
@@ -24,6 +24,17 @@ def tiny_model() -> Path:
     """The folder of the tiny random-weight Llama (built once, cached across runs)."""
     from options.tiny_model import tiny_model_dir
     return tiny_model_dir()
+
+
+@pytest.fixture(scope="session")
+def plain_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]:
+    """The bring-your-own server generating with the tiny model, eager, configured as a user who
+    sets nothing but its context would: what the agent's completions test and the bench's tests
+    that need no special server use (tests/bench/conftest.py profiles it once)."""
+    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(PLAIN_MAX_MODEL_LEN),
+           "SM_VLLM_ENFORCE_EAGER": ""}
+    with shared_server(request, env, tmp_path_factory.mktemp("plain-server") / "server.log") as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

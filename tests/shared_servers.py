@@ -11,6 +11,10 @@ from typing import Iterator
 
 from options.local_server import LocalServer
 
+# The plain server's context: room for the bench's and the validation's prompts (512 + 128 tokens)
+# and the agent's, in a KV cache the CPU engine fills fast.
+PLAIN_MAX_MODEL_LEN = 1024
+
 # fixture name -> the node id of the last collected test that uses it
 _last_user: dict[str, str] = {}
 # fixture name -> its server, while it runs

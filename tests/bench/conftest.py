@@ -1,9 +1,9 @@
-"""One bring-your-own server (vLLM on CPU, tiny model) shared by the bench's tests that need a
-plain one, and one capacity profile of it that two modules read: a server start is 25-50 s and
-a profile 50-190 s (by host). The server starts with the first test that asks for it and stops
-after the last (tests/shared_servers.py). Each bench run tags its prompts (the bench's run tag), so none finds
-another's in the prefix cache. Tests that need a server configured otherwise (adapters, a
-shorter context, the bench starting the server itself) keep their own."""
+"""One capacity profile of the suite's shared plain server (tests/conftest.py's ``plain_server``,
+which the bench's tests that need no special server use) that two modules read: a server start
+is 25-50 s and a profile 50-190 s (by host). Each bench run tags its prompts (the bench's run
+tag), so none finds another's, or the agent's, in the prefix cache. Tests that need a server
+configured otherwise (adapters, a shorter context, the bench starting the server itself) keep
+their own."""
 from __future__ import annotations
 
 import json
@@ -12,23 +12,10 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 import pytest
-from shared_servers import shared_server
 
 from cost.traces import AZURE_CONV_TRACE
-from options.local_server import LocalServer
-
-MAX_MODEL_LEN = 1024
-
-
-@pytest.fixture(scope="session")
-def bench_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]:
-    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(MAX_MODEL_LEN), "SM_VLLM_ENFORCE_EAGER": ""}
-    with shared_server(request, env, tmp_path_factory.mktemp("bench-server") / "server.log") as server:
-        yield server
-
 
 # How far the profile's fit may miss its worst point here. The bench prints its own 10 % / 15 %
 # check (TOLERANCE); on these shared 2 cores a noisy spell pushed one point to 15.6 % after two
@@ -63,7 +50,7 @@ class TraceProfile:
 
 
 @pytest.fixture(scope="session")
-def trace_profile(bench_server, tmp_path_factory) -> TraceProfile:
+def trace_profile(plain_server, tmp_path_factory) -> TraceProfile:
     """The shared server profiled with TRACE_MIX: what test_capacity_profile.py checks, and what
     CI's validation paces its replays from. Noise on these machines only slows a point down: a
     profile whose fit misses FIT_BOUND is taken once more, and the better fit kept."""
@@ -71,7 +58,7 @@ def trace_profile(bench_server, tmp_path_factory) -> TraceProfile:
     runs = []
     for attempt in range(2):
         path = folder / f"capacity-{attempt}.json"
-        done = profile_with_trace_mix(bench_server.url, path)
+        done = profile_with_trace_mix(plain_server.url, path)
         runs.append(TraceProfile(path, json.loads(path.read_text()), done.stdout))
         check = runs[-1].doc["capacity_model"]["fit"]["check"]
         if all(check[kind]["worst"] <= FIT_BOUND for kind in ("decode", "prefill")):

@@ -227,9 +227,9 @@ def test_cli_rejects_an_open_loop_rate_for_programs(standin_url):
 # --- the real server ----------------------------------------------------------------------------
 
 @pytest.mark.engine
-def test_programs_on_the_real_server_hit_the_prefix_cache(bench_server, tmp_path):
+def test_programs_on_the_real_server_hit_the_prefix_cache(plain_server, tmp_path):
     out = tmp_path / "agent.json"
-    done = _cli("--url", bench_server.url, "--level", "5", "--programs", "8", "--steps", "3",
+    done = _cli("--url", plain_server.url, "--level", "5", "--programs", "8", "--steps", "3",
                 "--think-ms", "50", "--concurrency", "4", "--system-tokens", "128",
                 "--prompt-tokens", "16", "--output-tokens", "16", "--ignore-eos", "--json", str(out))
     assert done.returncode == 0, done.stdout + done.stderr

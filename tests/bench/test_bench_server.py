@@ -20,8 +20,8 @@ pytestmark = pytest.mark.engine
 
 
 @pytest.fixture(scope="module")
-def server_url(bench_server):
-    return bench_server.url
+def server_url(plain_server):
+    return plain_server.url
 
 
 def _cli(*args, timeout=180):
@@ -71,11 +71,11 @@ def test_other_dialects_count_exactly_with_poisson_arrivals(server_url, dialect)
     assert all(r.e2e_s == pytest.approx(r.ttft_s + sum(r.itl_s)) for r in run.records)
 
 
-def test_errors_are_counted_by_kind_and_the_exit_code_says_so(bench_server, tmp_path):
+def test_errors_are_counted_by_kind_and_the_exit_code_says_so(plain_server, tmp_path):
     path = tmp_path / "bad.json"
     # More output than the context holds: the server refuses each request with a 400.
-    context = int(bench_server.env["SM_VLLM_MAX_MODEL_LEN"])
-    done = _cli("--url", bench_server.url, "--requests", "3", "--concurrency", "3", "--warmup", "0",
+    context = int(plain_server.env["SM_VLLM_MAX_MODEL_LEN"])
+    done = _cli("--url", plain_server.url, "--requests", "3", "--concurrency", "3", "--warmup", "0",
                 "--output-tokens", str(context * 4), "--json", str(path))
     assert done.returncode == 1, done.stdout + done.stderr
     doc = json.loads(path.read_text())

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from conftest import FIT_BOUND, MAX_MODEL_LEN    # the shared server's context
+from conftest import FIT_BOUND
+from shared_servers import PLAIN_MAX_MODEL_LEN as MAX_MODEL_LEN   # the shared server's context
 from cost.simulate.capacity import STEADY_MIN_OUTPUT, TOLERANCE, load_capacity
 from options.bench.capacity import (CapacityPlan, ServerLimits, _configured_limits,
                                     kv_cache_from_metrics, steady_phase, steady_points)

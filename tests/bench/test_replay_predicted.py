@@ -54,12 +54,12 @@ def _run(*args, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def validation(bench_server, trace_profile, tmp_path_factory):
+def validation(plain_server, trace_profile, tmp_path_factory):
     recording = bool(os.environ.get("SPECTRUM_VALIDATION_OUT"))
     folder = Path(os.environ.get("SPECTRUM_VALIDATION_OUT") or tmp_path_factory.mktemp("validation"))
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
-    server = bench_server
+    server = plain_server
     def predict(replay: Path, bench: Path) -> dict:
         return json.loads(_run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench),
                                "--json").stdout)
