@@ -24,7 +24,8 @@ _running: dict[str, LocalServer] = {}
 @contextmanager
 def shared_server(request, env: dict[str, str], log_path: Path) -> Iterator[LocalServer]:
     """Start a server for the session fixture whose ``request`` this is; it stops after that
-    fixture's last test, or when the session ends if that comes first (a failed start)."""
+    fixture's last test, or when the session ends if the run stops before that test (``-x``, a
+    failed start, an interrupt)."""
     name = request.fixturename
     server = LocalServer(env, log_path=log_path)
     _running[name] = server

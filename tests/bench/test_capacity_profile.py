@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from conftest import FIT_BOUND
+from bench_profiles import FIT_BOUND
 from shared_servers import PLAIN_MAX_MODEL_LEN as MAX_MODEL_LEN   # the shared server's context
 from cost.simulate.capacity import STEADY_MIN_OUTPUT, TOLERANCE, load_capacity
 from options.bench.capacity import (CapacityPlan, ServerLimits, _configured_limits,
@@ -192,7 +192,7 @@ def test_the_fitted_model_is_positive_and_reproduces_its_points(trace_profile):
     # The tiny model's attention (one KV head of 64) is cheap: its KV share may fit to ~0, never below.
     assert model["step_per_kv_token_s"] >= 0
     # The bench prints its own 10 % / 15 % check (TOLERANCE); the test holds the fit to
-    # conftest.py's FIT_BOUND, which says why.
+    # bench_profiles.py's FIT_BOUND, which says why.
     check = model["fit"]["check"]
     assert TOLERANCE == {"decode": 0.10, "prefill": 0.15}
     assert check["decode"]["worst"] <= FIT_BOUND, stdout[-3000:]

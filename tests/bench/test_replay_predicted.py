@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TRACE_MIX, profile_with_trace_mix
+from bench_profiles import TRACE_MIX, profile_with_trace_mix
 from cost.simulate.capacity import group_by_batch
 from options.bench.capacity import STEADY_LOADS
 
@@ -60,6 +60,7 @@ def validation(plain_server, trace_profile, tmp_path_factory):
     folder.mkdir(parents=True, exist_ok=True)
     results = {}
     server = plain_server
+
     def predict(replay: Path, bench: Path) -> dict:
         return json.loads(_run("cost", "simulate", "--predict-replay", str(replay), "--bench", str(bench),
                                "--json").stdout)

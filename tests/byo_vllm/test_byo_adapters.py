@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import MAX_MODEL_LEN, StartedServer, sse_events
+from byo_servers import MAX_MODEL_LEN, StartedServer, sse_events
 from options.local_server import LocalServer, free_port
 from test_byo_adapters_guards import write_peft_adapter
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import psutil
 import requests
 
-from conftest import server_env, wait_for
+from byo_servers import server_env, wait_for
 from options.local_server import LocalServer
 
 

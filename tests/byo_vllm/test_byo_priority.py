@@ -10,7 +10,7 @@ import time
 import pytest
 import requests
 
-from conftest import engine_info, server_env, serving, wait_for
+from byo_servers import engine_info, server_env, serving, wait_for
 from options import contract
 from options.contract import Request
 from options.core import wire

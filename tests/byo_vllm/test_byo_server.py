@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from conftest import GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
+from byo_servers import GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
 from stream_hang_up import assert_hang_up_is_aborted
 
 pytestmark = pytest.mark.engine

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import server_env
+from byo_servers import server_env
 from options.local_server import LocalServer
 
 FILES_WITHOUT_GENERATE = {

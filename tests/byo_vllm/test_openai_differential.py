@@ -26,7 +26,7 @@ import jsonschema
 import pytest
 import requests
 
-from conftest import serving, server_env, wait_for
+from byo_servers import serving, server_env, wait_for
 from options.local_server import free_port, own_process_group
 
 pytestmark = pytest.mark.engine
