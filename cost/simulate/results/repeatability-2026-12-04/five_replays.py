@@ -1,0 +1,33 @@
+"""Does a replay's measurement repeat? One local server (the suite's plain server: tiny model,
+1,024-token context, eager), one capacity profile with the validation's trace mix, then the same
+``--load 0.5`` replay five times, back to back except for a 60 s idle gap before the fourth.
+Run from the repository root: ``python THIS_FILE OUT_DIR`` (about 8 minutes), then
+``python -m cost simulate --predict-replay OUT_DIR/replay-*.json --bench OUT_DIR/cap.json --json``
+and ``replay_sixths.py OUT_DIR/cap.json OUT_DIR/replay-*.json``."""
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path.cwd()))
+sys.path.insert(0, str(Path.cwd() / "tests" / "bench"))
+from bench_profiles import TRACE_MIX, profile_with_trace_mix   # noqa: E402
+from options.local_server import LocalServer                   # noqa: E402
+from options.tiny_model import tiny_model_dir                  # noqa: E402
+
+out = Path(sys.argv[1])
+out.mkdir(parents=True, exist_ok=True)
+server = LocalServer({"HF_MODEL_ID": str(tiny_model_dir()), "SM_VLLM_MAX_MODEL_LEN": "1024",
+                      "SM_VLLM_ENFORCE_EAGER": ""}, log_path=out / "server.log")
+server.start()
+try:
+    server.wait_ready()
+    profile_with_trace_mix(server.url, out / "cap.json")
+    for i, idle_s in enumerate([0, 0, 0, 60, 0]):
+        time.sleep(idle_s)
+        done = subprocess.run([sys.executable, "-m", "options.bench", "--no-progress", *TRACE_MIX, "--load", "0.5",
+                               "--capacity", str(out / "cap.json"), "--url", server.url, "--level", "5",
+                               "--json", str(out / f"replay-{i}.json")], capture_output=True, text=True)
+        print(i, idle_s, done.returncode, done.stderr[-300:], flush=True)
+finally:
+    server.stop()
