@@ -1,16 +1,19 @@
-"""Does a replay's measurement repeat? One local server (the suite's plain server: tiny model,
-1,024-token context, eager), one capacity profile with the validation's trace mix, then the same
-``--load 0.5`` replay five times, back to back except for a 60 s idle gap before the fourth.
-Run from the repository root: ``python THIS_FILE OUT_DIR`` (about 8 minutes), then
+"""Does a replay's measurement repeat? A measurement script, not a test; its output is in
+cost/simulate/results/repeatability-2026-12-04/.
+
+One local server (the suite's plain server: tiny model, 1,024-token context, eager), one capacity
+profile with the validation's trace mix, then the same ``--load 0.5`` replay five times, back to
+back except for a 60 s idle gap before the fourth. Run from the repository root:
+``python tests/bench/repeat_replays.py OUT_DIR`` (about 8 minutes), then
 ``python -m cost simulate --predict-replay OUT_DIR/replay-*.json --bench OUT_DIR/cap.json --json``
-and ``replay_sixths.py OUT_DIR/cap.json OUT_DIR/replay-*.json``."""
+and that results folder's ``replay_sixths.py OUT_DIR/cap.json OUT_DIR/replay-*.json``."""
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))
-sys.path.insert(0, str(Path.cwd() / "tests" / "bench"))
+sys.path.insert(0, str(Path(__file__).parent))
 from bench_profiles import TRACE_MIX, profile_with_trace_mix   # noqa: E402
 from options.local_server import LocalServer                   # noqa: E402
 from options.tiny_model import tiny_model_dir                  # noqa: E402
