@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from shared_servers import PLAIN_MAX_MODEL_LEN, after_test, note_collected, shared_server
+from shared_servers import after_test, note_collected, plain_server_env, shared_server
 
 from options.local_server import LocalServer
 
@@ -31,9 +31,8 @@ def plain_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]
     """The bring-your-own server generating with the tiny model, eager, configured as a user who
     sets nothing but its context would: what the agent's completions test and the bench's tests
     that need no special server use (tests/bench/conftest.py profiles it once)."""
-    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_MAX_MODEL_LEN": str(PLAIN_MAX_MODEL_LEN),
-           "SM_VLLM_ENFORCE_EAGER": ""}
-    with shared_server(request, env, tmp_path_factory.mktemp("plain-server") / "server.log") as server:
+    with shared_server(request, plain_server_env(tiny_model),
+                       tmp_path_factory.mktemp("plain-server") / "server.log") as server:
         yield server
 
 

@@ -15,6 +15,13 @@ from options.local_server import LocalServer
 # and the agent's, in a KV cache the CPU engine fills fast.
 PLAIN_MAX_MODEL_LEN = 1024
 
+
+def plain_server_env(model_dir: Path) -> dict[str, str]:
+    """The plain server's: the tiny model, eager, configured as a user who sets nothing but its
+    context would (tests/conftest.py's plain_server; tests/bench/repeat_replays.py)."""
+    return {"HF_MODEL_ID": str(model_dir), "SM_VLLM_MAX_MODEL_LEN": str(PLAIN_MAX_MODEL_LEN),
+            "SM_VLLM_ENFORCE_EAGER": ""}
+
 # fixture name -> the node id of the last collected test that uses it
 _last_user: dict[str, str] = {}
 # fixture name -> its server, while it runs

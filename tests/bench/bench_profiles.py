@@ -35,6 +35,17 @@ def profile_with_trace_mix(url: str, path: Path) -> subprocess.CompletedProcess:
     return done
 
 
+def replay_with_trace_mix(url: str, load: str, capacity: Path, path: Path) -> subprocess.CompletedProcess:
+    """``options.bench --replay`` of TRACE_MIX at ``load`` of the capacity in ``capacity`` against
+    the server at ``url``, into ``path``."""
+    done = subprocess.run(
+        [sys.executable, "-m", "options.bench", "--no-progress", *TRACE_MIX, "--load", load,
+         "--capacity", str(capacity), "--url", url, "--level", "5", "--json", str(path)],
+        capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
 @dataclass(frozen=True)
 class TraceProfile:
     """A capacity profile of the shared server with TRACE_MIX: its file, the document in it and

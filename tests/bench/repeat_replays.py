@@ -7,30 +7,28 @@ back except for a 60 s idle gap before the fourth. Run from the repository root:
 ``python tests/bench/repeat_replays.py OUT_DIR`` (about 8 minutes), then
 ``python -m cost simulate --predict-replay OUT_DIR/replay-*.json --bench OUT_DIR/cap.json --json``
 and that results folder's ``replay_sixths.py OUT_DIR/cap.json OUT_DIR/replay-*.json``."""
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path.cwd()))
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_profiles import TRACE_MIX, profile_with_trace_mix   # noqa: E402
-from options.local_server import LocalServer                   # noqa: E402
-from options.tiny_model import tiny_model_dir                  # noqa: E402
+sys.path.insert(0, str(Path(__file__).parent.parent))
+from bench_profiles import profile_with_trace_mix, replay_with_trace_mix   # noqa: E402
+from shared_servers import plain_server_env                                # noqa: E402
+from options.local_server import LocalServer                               # noqa: E402
+from options.tiny_model import tiny_model_dir                              # noqa: E402
 
 out = Path(sys.argv[1])
 out.mkdir(parents=True, exist_ok=True)
-server = LocalServer({"HF_MODEL_ID": str(tiny_model_dir()), "SM_VLLM_MAX_MODEL_LEN": "1024",
-                      "SM_VLLM_ENFORCE_EAGER": ""}, log_path=out / "server.log")
+server = LocalServer(plain_server_env(tiny_model_dir()), log_path=out / "server.log")
 server.start()
 try:
     server.wait_ready()
     profile_with_trace_mix(server.url, out / "cap.json")
     for i, idle_s in enumerate([0, 0, 0, 60, 0]):
         time.sleep(idle_s)
-        done = subprocess.run([sys.executable, "-m", "options.bench", "--no-progress", *TRACE_MIX, "--load", "0.5",
-                               "--capacity", str(out / "cap.json"), "--url", server.url, "--level", "5",
-                               "--json", str(out / f"replay-{i}.json")], capture_output=True, text=True)
-        print(i, idle_s, done.returncode, done.stderr[-300:], flush=True)
+        replay_with_trace_mix(server.url, "0.5", out / "cap.json", out / f"replay-{i}.json")
+        print(f"replay {i} (after {idle_s} s idle): {out / f'replay-{i}.json'}", flush=True)
 finally:
     server.stop()

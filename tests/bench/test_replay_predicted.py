@@ -39,7 +39,7 @@ from pathlib import Path
 
 import pytest
 
-from bench_profiles import TRACE_MIX, profile_with_trace_mix
+from bench_profiles import profile_with_trace_mix, replay_with_trace_mix
 from cost.simulate.capacity import group_by_batch
 from options.bench.capacity import STEADY_LOADS
 
@@ -72,8 +72,7 @@ def validation(plain_server, trace_profile, tmp_path_factory):
         else:
             bench = trace_profile.path      # CI: the bench's shared profile paces all three
         replay = folder / f"replay-{load}.json"
-        _run("options.bench", "--no-progress", *TRACE_MIX,
-             "--load", load, "--capacity", str(bench), "--url", server.url, "--level", "5", "--json", str(replay))
+        replay_with_trace_mix(server.url, load, bench, replay)
         results[load] = {"prediction": predict(replay, bench),
                          "replay": json.loads(replay.read_text())["replay"],
                          "capacity": json.loads(bench.read_text())}
