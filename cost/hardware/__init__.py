@@ -1,0 +1,1 @@
+"""The capacity of one replica from specs: model catalog, GPU table, vLLM memory arithmetic, roofline step times."""
