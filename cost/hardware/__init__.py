@@ -1,0 +1,5 @@
+"""The capacity of one replica from specs: model catalog, GPU table, vLLM memory arithmetic,
+roofline step times. Each piece turns published facts (a model's config.json, a GPU's datasheet,
+vLLM's memory accounting) into the numbers a capacity estimate needs, so a replica can be sized
+before anything is measured; a bench fit replaces the estimate once a server has been measured.
+"""
