@@ -34,13 +34,15 @@ class BatchingReplica:
     __slots__ = ("clock", "step", "decoding", "kv", "reserved", "queue", "prefilling", "plan", "plan_s",
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
-                 "busy_s")
+                 "busy_s", "gemm_s")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0) -> None:
         self.base_s = capacity.step_base_s
         self.per_seq_s = capacity.step_per_seq_s
         self.per_kv_s = capacity.step_per_kv_token_s
         self.per_prefill_s = capacity.prefill_per_token_s
+        # The matmul roofline of a model built from specs; None for a bench fit (all linear).
+        self.gemm_s = capacity.gemm_s if capacity.gemm_s(1) else None
         self.max_seqs = capacity.max_num_seqs
         self.budget = capacity.max_num_batched_tokens
         self.kv_capacity = capacity.kv_cache_tokens
@@ -104,6 +106,13 @@ class BatchingReplica:
             self._complete()
             self._schedule()
 
+    def next_boundary_s(self) -> float:
+        """When the running set next changes (a prompt finishes, a request completes or may be
+        admitted): the time a closed-loop client next sees an answer. Infinite when idle."""
+        if not (self.decoding or self.prefilling):
+            return math.inf
+        return self.clock + self._steps_s(self._steps_to_change())
+
     # --- the engine ----------------------------------------------------------------------------
 
     def _steps_to_change(self) -> int:
@@ -117,7 +126,8 @@ class BatchingReplica:
         return self.budget - self.decoding
 
     def _steady_step_s(self) -> float:
-        return self.base_s + self.per_seq_s * self.decoding + self.per_kv_s * self.kv
+        step = self.base_s + self.per_seq_s * self.decoding + self.per_kv_s * self.kv
+        return step + self.gemm_s(self.decoding) if self.gemm_s else step
 
     def _steps_s(self, k: int) -> float:
         """Length of the next ``k`` steps: the KV cache grows by one token a decoding sequence a step."""
@@ -204,3 +214,5 @@ class BatchingReplica:
             held = sum(entry[1] + chunk for entry, chunk in plan)
             self.plan_s = (self.base_s + self.per_seq_s * (self.decoding + len(plan))
                            + self.per_kv_s * (self.kv + held) + self.per_prefill_s * prefill)
+            if self.gemm_s:
+                self.plan_s += self.gemm_s(self.decoding + len(plan) + prefill)
