@@ -200,17 +200,23 @@ def _summary(arrival, first, last, outputs, keep) -> dict[str, Any]:
 
 def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
          closed_concurrency: int | None = None):
-    """Requests through one replica; with ``closed_concurrency`` C, request i + C is sent when
-    request i's answer ends (closed loop), else at its ``arrival``."""
+    """Requests through one replica, as the client sees them: (sent, first token, last token).
+    With ``closed_concurrency`` C, request i + C is sent when the client has request i's last
+    token (closed loop), else at its ``arrival``. The request overhead (HTTP, tokenising) is
+    added to both times, as the fleet adds it, so a closed loop sends its next request that
+    much after the engine's last step."""
+    import heapq
+
     from cost.simulate.replica import BatchingReplica
 
     n = len(inputs)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
+    overhead = capacity.request_overhead_s
     done: list[int] = []
 
     def on_finish(request: int, first_s: float, last_s: float) -> None:
-        first[request], last[request] = first_s, last_s
+        first[request], last[request] = first_s + overhead, last_s + overhead
         done.append(request)
 
     replica = BatchingReplica(capacity, inputs.tolist(), outputs.tolist(), on_finish)
@@ -221,19 +227,21 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         replica.advance_to(math.inf)
         return arrival, first, last
     arrival = np.zeros(n)
-    sent = min(closed_concurrency, n)
-    for i in range(sent):
-        replica.arrive(i, 0.0)
+    pending = [(0.0, i) for i in range(min(closed_concurrency, n))]     # (send time, request)
+    sent = len(pending)
     while len(done) < n:
-        t = replica.next_boundary_s()
+        t = min(replica.next_boundary_s(), pending[0][0] if pending else math.inf)
         if math.isinf(t):
             raise RuntimeError("the replica went idle with requests outstanding")
-        finished_before = len(done)
+        seen = len(done)
         replica.advance_to(t)
-        for _ in done[finished_before:]:
+        while pending and pending[0][0] <= t:
+            at, request = heapq.heappop(pending)
+            arrival[request] = at
+            replica.arrive(request, at)
+        for request in done[seen:]:
             if sent < n:
-                arrival[sent] = replica.clock
-                replica.arrive(sent, replica.clock)
+                heapq.heappush(pending, (float(last[request]), sent))
                 sent += 1
     return arrival, first, last
 

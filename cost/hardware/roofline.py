@@ -46,6 +46,8 @@ class Efficiency:
     gemm: float               # of dense peak FLOP/s, the weight matmuls of a large step
     attention: float          # of dense peak FLOP/s, prefill attention
     weight_only_gemm: float   # a weight-only quantised kernel's matmul rate relative to ``gemm``
+    moe_gemm: float           # routed experts' grouped matmuls (few tokens an expert) relative to ``gemm``
+    kv_bandwidth: float       # paged attention's reads of the KV cache relative to ``bandwidth``
     layer_s: float            # per layer, per step
     step_s: float             # per step
     seq_s: float              # per sequence, per step
@@ -85,7 +87,8 @@ def efficiency(family: str) -> Efficiency:
     shared = doc["shared"]
     return Efficiency(family=family, bandwidth=entry["bandwidth"], gemm=entry["gemm"],
                       attention=entry["gemm"] * shared["attention_of_gemm"],
-                      weight_only_gemm=shared["weight_only_gemm"], layer_s=shared["layer_s"],
+                      weight_only_gemm=shared["weight_only_gemm"], moe_gemm=shared["moe_gemm"],
+                      kv_bandwidth=shared["kv_bandwidth"], layer_s=shared["layer_s"],
                       step_s=shared["step_s"], seq_s=shared["seq_s"], request_s=shared["request_s"],
                       allreduce_s=dict(shared["allreduce_s"]), link=shared["link"],
                       source=(note + "; " if note else "") + f"{doc['file']}: {entry.get('source', '')}")
@@ -116,24 +119,30 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
     read_dense = sum(v for k, v in parts.items() if k not in ("embedding", "experts"))
     if model.tied_embeddings:
         read_dense += parts["embedding"]
-    matmul_params = model.linear_params_per_token() - lm_head_params
+    # Matmul time a token: dense weights at the matmul rate, its routed experts' share slower
+    # (grouped GEMMs of a few tokens an expert).
+    counts = model.parts()
+    routed_active = (counts["experts"] * model.experts_per_token / model.experts) if model.experts else 0.0
+    matmul_s = (2 * (model.linear_params_per_token() - lm_head_params - routed_active) / gemm_rate
+                + 2 * routed_active / (gemm_rate * eff.moe_gemm))
     allreduce_payload = 0.0
     allreduce_latency = 0.0
     if tp > 1:
         per_token = ACTIVATION_BYTES * model.hidden * 2 * (tp - 1) / tp / (link_gb_s * 1e9 * eff.link)
         allreduce_payload = 2 * model.layers * per_token
         allreduce_latency = 2 * model.layers * eff.allreduce_s[link]
-    prefill_attention = (model.attention_flops_per_token_per_context() * mean_prompt_tokens / 2
+    context = max(1.0, mean_prompt_tokens / 2)
+    prefill_attention = (model.attention_flops_per_token_per_context(int(context), prefill=True) * context
                          / tp / attention_rate)
     capacity = CapacityModel(
         step_base_s=model.layers * eff.layer_s + eff.step_s + allreduce_latency,
         step_per_seq_s=eff.seq_s + 2 * lm_head_params / tp / gemm_rate + allreduce_payload,
-        step_per_kv_token_s=plan.kv_bytes_per_token / bandwidth,
+        step_per_kv_token_s=plan.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
         prefill_per_token_s=prefill_attention + allreduce_payload,
         request_overhead_s=eff.request_s,
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
-        gemm_per_token_s=2 * matmul_params / tp / gemm_rate,
+        gemm_per_token_s=matmul_s / tp,
         weights_read_s=read_dense / tp / bandwidth,
         experts_read_s=parts.get("experts", 0) / tp / bandwidth,
         experts=model.experts, experts_per_token=model.experts_per_token,
@@ -145,8 +154,9 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
          "value": f"{peak / 1e12:,.0f} TFLOP/s dense peak × {eff.gemm:.2f}"
                   + (f" × {eff.weight_only_gemm:.2f} (weight-only)" if weight_only else ""),
          "source": f"{gpu.source}; efficiency: {eff.source}"},
-        {"what": "memory bandwidth achieved streaming weights and KV",
-         "value": f"{gpu.bandwidth_gb_s:,.0f} GB/s × {eff.bandwidth:.2f}", "source": eff.source},
+        {"what": "memory bandwidth achieved streaming weights, and reading the KV cache",
+         "value": f"{gpu.bandwidth_gb_s:,.0f} GB/s × {eff.bandwidth:.2f}, KV × {eff.kv_bandwidth:.2f} of that",
+         "source": eff.source},
         {"what": "fixed costs: per layer a step, per step, per sequence a step, per request",
          "value": f"{eff.layer_s * 1e6:.1f} µs, {eff.step_s * 1e3:.2f} ms, {eff.seq_s * 1e6:.1f} µs, "
                   f"{eff.request_s * 1e3:.1f} ms", "source": eff.source},
@@ -160,8 +170,10 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
                                      f"{link_gb_s:,.0f} GB/s × {eff.link:.2f}",
                             "source": f"{gpu.source}; {eff.source}"})
     if model.experts:
-        assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch",
+        assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch; their matmuls run "
+                                    "as grouped GEMMs",
                             "value": f"1 − (1 − {model.experts_per_token}/{model.experts})^tokens of "
-                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing",
+                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing; expert matmuls "
+                                     f"at {eff.moe_gemm:.2f} of the dense rate",
                             "source": "expected distinct experts under uniform top-k routing"})
     return capacity, assumptions

@@ -22,7 +22,10 @@ STATS = ("p50", "p90", "p99")
 def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
     """simulate's flags: the trace and how to simulate it (shared with ``cost recommend --trace``),
     the prices, one replica's capacity, and what only simulate does (--predict-replay, --plot)."""
+    from cost.hardware.cli import add_spec_arguments
+
     add_trace_simulation_arguments(s, add_pricing=add_pricing_args)
+    add_spec_arguments(s, model_flag="--hf-model", required=False, gpu_flags=False)
     s.add_argument("--predict-replay", metavar="REPLAY.json", nargs="+",
                    help="re-predict replays measured by python -m options.bench --replay on the server --bench "
                         "profiled (one or several: each is predicted and shown beside its measurement)")
@@ -220,10 +223,22 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
-def capacity_from_args(args):
+def capacity_from_args(args, trace=None):
+    """One replica's CapacityModel from --bench, --capacity, or --hf-model on the --instance's GPUs
+    (at the ``trace``'s mean request sizes)."""
     from cost.simulate.capacity import CapacityModel, load_capacity
 
     benches = args.bench if isinstance(args.bench, list) else [args.bench] if args.bench else []
+    spec_model = getattr(args, "spec_model", None)
+    if spec_model:
+        if benches or args.capacity is not None:
+            raise BadInput(f"give --hf-model {spec_model} (capacity from specs) or --capacity/--bench (measured), "
+                           "not both: each is the capacity of one replica")
+        from cost.hardware.cli import capacity_from_spec_args
+
+        sizes = ((float(trace.input_tokens.mean()), float(trace.output_tokens.mean())) if trace is not None
+                 else (None, None))
+        return capacity_from_spec_args(args, *sizes)[0]
     if len(benches) > 1:   # cost recommend's --bench is repeatable (one per level, for its tree)
         raise BadInput(f"--bench given {len(benches)} times ({', '.join(map(str, benches))}): a simulation "
                        "takes one capacity bench, for every self-hosted rung; give one")
@@ -237,7 +252,8 @@ def capacity_from_args(args):
             raise BadInput(f"--capacity {args.capacity!r} must be > 0 output tokens/s")
         return CapacityModel.from_throughput(args.capacity, f"--capacity {args.capacity:g}")
     raise BadInput("give the capacity of one replica: --bench FILE (python -m options.bench --profile capacity "
-                   "--json FILE) or --capacity OUTPUT_TOK_S")
+                   "--json FILE), --capacity OUTPUT_TOK_S, or --hf-model M (from the model's config and the "
+                   "instance's specs)")
 
 
 def command(args, table_from, eks_fixed_hourly):
@@ -275,8 +291,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
     price.per_million(args.tier)
     instance = table.instance(args.instance)
     check_discount(args.discount)
-    capacity = capacity_from_args(args)
     trace = trace_from_args(args)
+    capacity = capacity_from_args(args, trace)
     bedrock = BedrockSettings()
     for flag, attr, scale in (("bedrock_tpm", "tpm", 1), ("bedrock_rpm", "rpm", 1),
                               ("bedrock_ttft_ms", "ttft_s", 1e-3), ("bedrock_output_tok_s", "output_tok_s", 1)):
