@@ -15,6 +15,9 @@ The recommended policy is the least costly candidate that meets the SLO. Candida
 from the most economical target to the most cautious; attainment falls as the target rises, so
 a bisection finds the boundary in a few full simulations instead of one per candidate.
 
+Every rung has its front door's timeouts (``timeouts.py``): a request past them is failed as
+``timed_out``, and on rung 1 still billed.
+
 ``break_even_scale``: the ``--scale`` at which a self-hosted rung's bill equals Bedrock's. Both
 sides are priced at scales other than the trace's own without re-simulating every request:
 Bedrock's bill is linear in the scale; the self-hosted fleet is sized by the recommended
@@ -37,6 +40,7 @@ from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThrough
 from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
 from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
 from cost.simulate.spot import SpotMarket
+from cost.simulate.timeouts import FrontDoor, default_front_doors, door_of
 from options.core import BadInput
 from options.core.autoscaling import SAGEMAKER_METRIC_NAMES
 
@@ -119,6 +123,7 @@ class Setup:
     bedrock_batch: bool = False                          # also simulate rung 1 as batch inference
     bedrock_pt: ProvisionedThroughput | None = None      # also simulate rung 1 on Provisioned Throughput
     spot: SpotMarket | None = None   # rung 6's GPU nodes on EC2 Spot instead of on-demand
+    timeouts: dict[str, FrontDoor] | None = None   # "bedrock"/"sagemaker"/"eks" -> limits; None: the defaults
 
 
 def percentiles_ms(values_s: np.ndarray, qs=(50, 99)) -> dict[str, float | None]:
@@ -157,6 +162,7 @@ class Simulation:
         self._per_minute: np.ndarray | None = None
         self._scale_costs: dict[tuple[Any, float], float] = {}   # (simulation key, scale) -> window USD
         self.runs: dict[int, Any] = {}           # level -> the run behind its row (for the plot)
+        self.doors = setup.timeouts or default_front_doors(setup.rung6_autoscaler)
 
     # --- the shape of the traffic, for candidate targets and fleet limits ---------------------
 
@@ -192,10 +198,10 @@ class Simulation:
         if key in self._cache:
             return self._cache[key]
         cap = self.setup.capacity[level]
-        timeout = default("sagemaker", "invocation_timeout_s") if level != EKS_LEVEL else None
+        door = self.doors[door_of(level)]
         spot = self.setup.spot if level == EKS_LEVEL else None
         run = run_fleet(self.arrival, self.inputs, self.outputs, cap, policy, span_s=self.span_s,
-                        routing=self.routing_for(level), seed=self.setup.seed, timeout_s=timeout,
+                        routing=self.routing_for(level), seed=self.setup.seed, front_door=door,
                         interruption_notice=spot.notices(self.setup.seed) if spot else None,
                         notice_s=spot.notice_s if spot else 0.0)
         if level == EKS_LEVEL:
@@ -228,6 +234,7 @@ class Simulation:
             "cold_starts": sum(1 for i in run.instances if i.launched_s > 0),
             "idle_share": round(max(0.0, 1 - busy / serving_s), 4) if serving_s > 0 else None,
             "instance_hours": round(seconds / 3600, 4),
+            "timeout": door.to_json(),
             "policy": {**policy.to_json(), **({"spot": spot.to_json()} if spot else {})},
             **({"spot_interruptions": {"notices": len(run.interruptions),
                                        "requests_failed": int((run.status == INTERRUPTED).sum()),
@@ -314,25 +321,29 @@ class Simulation:
     # --- rung 1 -------------------------------------------------------------------------------
 
     def bedrock_outcomes(self, run) -> dict[str, Any]:
-        """What a rung-1 run served, throttled and failed, and its latency against the SLO."""
+        """What a rung-1 run served, throttled and failed, and its latency against the SLO. A
+        timed-out request is billed where the front door says Bedrock bills it."""
         served = run.status == SERVED
-        failed = run.status == THROTTLED
+        throttled, timed_out = run.status == THROTTLED, run.status == TIMED_OUT
+        billed = served | timed_out if self.doors["bedrock"].billed else served
         met = self.setup.slo.met(self.arrival, run.first_token_s, run.finish_s, run.status)
         return {
             "served": int(served.sum()),
             "throttled": int(run.throttled_requests),
-            "failed": int(failed.sum()),
-            "failures": {"throttled_after_retries": int(failed.sum())} if failed.any() else {},
+            "failed": int((~served).sum()),
+            "failures": {name: int(mask.sum()) for name, mask in
+                         (("throttled_after_retries", throttled), ("timed_out", timed_out)) if mask.any()},
             "throttle_events": int(run.throttle_events),
-            "billed_input_tokens": int(self.inputs[served].sum()),
-            "billed_output_tokens": int(self.outputs[served].sum()),
+            "billed_input_tokens": int(self.inputs[billed].sum()),
+            "billed_output_tokens": int(self.outputs[billed].sum()),
             "slo_attainment": round(float(met.mean()), 5),
             "ttft_ms": percentiles_ms(np.where(served, run.first_token_s - self.arrival, np.nan)),
             "e2e_ms": percentiles_ms(np.where(served, run.finish_s - self.arrival, np.nan)),
         }
 
     def bedrock_row(self) -> dict[str, Any]:
-        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed)
+        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed,
+                               self.doors["bedrock"])
         self.runs[1] = run
         p_in, p_out = self.setup.price.per_million(self.setup.tier)
         outcomes = self.bedrock_outcomes(run)
@@ -343,6 +354,7 @@ class Simulation:
             "replicas": None,
             "cold_starts": 0,
             "idle_share": None,
+            "timeout": self.doors["bedrock"].to_json(),
             "policy": {**self.setup.bedrock.to_json(), "tier": self.setup.tier,
                        "input_per_million": p_in, "output_per_million": p_out},
         }
@@ -397,7 +409,7 @@ class Simulation:
         def attainment(units: int) -> float:
             if units not in runs:
                 runs[units] = pt.run(self.arrival, self.inputs, self.outputs, self.setup.bedrock, units,
-                                     self.setup.seed)
+                                     self.setup.seed, self.doors["bedrock"])
             met = self.setup.slo.met(self.arrival, runs[units].first_token_s, runs[units].finish_s,
                                      runs[units].status)
             return float(met.mean())
