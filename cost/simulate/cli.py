@@ -634,6 +634,8 @@ def render_simulation(data: dict[str, Any]) -> None:
     console.print(f"Cheapest meeting the SLO: {'rung ' + str(cheapest) if cheapest else 'none'}"
                   + (f" as {OPTION_NAMES[form]}" if form else "")
                   + " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+    for line in closest_lines(data):
+        console.print(line, highlight=False)
     for r in data["rungs"]:
         for o in r.get("options", []):
             if "excluded" in o:
@@ -660,6 +662,26 @@ def render_simulation(data: dict[str, Any]) -> None:
     if data.get("plot"):
         console.print(f"plot: {data['plot']}", highlight=False)
     _assumptions(data.get("assumptions", []))
+
+
+def closest_lines(data: dict[str, Any]) -> list[str]:
+    """Where no rung meets the SLO: each rung's closest candidate, and whether its fleet's
+    ceiling held it back."""
+    rows = {r["level"]: r for r in data["rungs"]}
+    lines = []
+    for c in data.get("closest_to_slo") or []:
+        levels = c["levels"]
+        said = _policy_brief(rows[levels[0]])
+        if levels[0] != 1:
+            said += (f": reached {c['replicas_reached']} = its ceiling, so a higher --max-instances may meet it"
+                     if c["at_ceiling"] else f": reached {c['replicas_reached']}, below its ceiling, so more "
+                     "instances alone would not")
+        failed = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in c["failures"].items())
+        name = (f"rung {levels[0]}" if len(levels) == 1 else f"rungs {levels[0]}-{levels[-1]}"
+                if levels == list(range(levels[0], levels[-1] + 1)) else f"rungs {','.join(map(str, levels))}")
+        lines.append(f"  closest, {name}: {c['slo_attainment']:.1%} of requests within the SLO with {said}"
+                     + (f" (failed: {failed})" if failed else ""))
+    return lines
 
 
 def render_prediction(data: dict[str, Any]) -> None:

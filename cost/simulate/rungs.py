@@ -13,7 +13,10 @@ spot (``--spot``) replaces its on-demand nodes in the one rung-6 row.
 
 The recommended policy is the least costly candidate that meets the SLO. Candidates are ordered
 from the most economical target to the most cautious; attainment falls as the target rises, so
-a bisection finds the boundary in a few full simulations instead of one per candidate.
+a bisection finds the boundary in a few full simulations instead of one per candidate. Where no
+rung meets the SLO, ``closest_to_slo`` gives each rung's best candidate (its setting, the
+replicas it reached against its ceiling, its attainment), and so whether a higher ceiling
+could help.
 
 Every rung has its front door's timeouts (``timeouts.py``): a request past them is failed as
 ``timed_out``, and on rung 1 still billed.
@@ -472,6 +475,7 @@ class Simulation:
             "slo": self.setup.slo.to_json(),
             "rungs": out,
             "cheapest_meeting_slo": cheapest,
+            "closest_to_slo": None if cheapest else self.closest(out),
             **({"cheapest_bedrock_form": form} if options else {}),
             **({"rung6_autoscaler": self.setup.rung6_autoscaler} if EKS_LEVEL in rows else {}),
             **({"ray_serve_autoscaling_config": rows[EKS_LEVEL]["policy"]["autoscaling_config"]}
@@ -480,6 +484,33 @@ class Simulation:
             "extrapolation": f"monthly_usd = window_usd x {factor:,.1f}: the trace's {self.span_s:,.0f} s "
                              f"repeated through a {HOURS_PER_MONTH}-hour month",
         }
+
+    @staticmethod
+    def closest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Where no rung meets the SLO: each rung's candidate closest to it, best first (ties: the
+        cheaper), rungs that shared a simulation (2-5) as one. For a fleet, its setting and the
+        replicas it reached against its ceiling: one that reached it may meet the SLO with a
+        higher ceiling; one that did not is held back by what more instances do not change
+        (start time, timeouts, long requests)."""
+        out: list[dict[str, Any]] = []
+        for r in sorted(rows, key=lambda r: (-r["slo_attainment"], r["monthly_usd"], r["level"])):
+            p = r["policy"]
+            entry: dict[str, Any] = {"levels": [r["level"]], "slo_attainment": r["slo_attainment"],
+                                     "monthly_usd": r["monthly_usd"], "failures": r["failures"]}
+            if r["level"] == 1:
+                entry["setting"] = {"tpm": p.get("tpm"), "rpm": p.get("rpm")}
+            else:
+                ceiling = p.get("max_instances", p.get("max_replicas"))
+                entry["setting"] = {"metric": p.get("metric"), "target": p.get("target"),
+                                    "min": p.get("min_instances", p.get("min_replicas")), "max": ceiling}
+                entry["replicas_reached"] = r["replicas"]["max"]
+                entry["at_ceiling"] = r["replicas"]["max"] >= ceiling
+            same = out and {**out[-1], "levels": None} == {**entry, "levels": None}
+            if same and 1 not in out[-1]["levels"] + entry["levels"]:
+                out[-1]["levels"].append(r["level"])
+            else:
+                out.append(entry)
+        return out
 
     @staticmethod
     def cheapest(rows: list[dict[str, Any]], options: list[dict[str, Any]], factor: float):

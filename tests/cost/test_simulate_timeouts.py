@@ -179,6 +179,26 @@ def test_bedrock_bill_keeps_the_timed_out_requests_tokens(capsys, files, tmp_pat
     assert row["window_usd"] == pytest.approx((50_000 * price.input_per_million + 300 * price.output_per_million) / 1e6)
 
 
+def test_when_no_rung_meets_the_slo_the_closest_candidate_is_named(capsys, files):
+    """TTFT within 60 s for 99 %: rung 3 serves 2 of 7 in time, rung 6 3 of 7, each at its one
+    instance, its ceiling."""
+    doc = simulate(capsys, *files, "--rungs", "3,6", "--slo-ttft-ms", "60000")
+    assert doc["cheapest_meeting_slo"] is None
+    closest = doc["closest_to_slo"]
+    assert [c["levels"] for c in closest] == [[6], [3]]
+    assert closest[0]["slo_attainment"] == pytest.approx(3 / 7, abs=1e-5)
+    assert closest[0]["setting"]["max"] == 1 and closest[0]["replicas_reached"] == 1 and closest[0]["at_ceiling"]
+    assert closest[0]["failures"] == {"timed_out": 4}
+    from cost.__main__ import main
+    assert main(["simulate", *[a for a in files if a != "--json"], "--rungs", "3,6", "--slo-ttft-ms", "60000"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "closest, rung 6: 42.9% of requests within the SLO" in text
+    assert "waiting/replica 0.5, 1-1: reached 1 = its ceiling, so a higher --max-instances may meet it" in text
+    # a looser SLO that rung 6 meets: no closest
+    doc = simulate(capsys, *files, "--rungs", "6", "--slo-ttft-ms", "60000", "--slo-attainment", "0.4")
+    assert doc["cheapest_meeting_slo"] == 6 and doc["closest_to_slo"] is None
+
+
 @pytest.mark.parametrize("pair, message", [
     ("eks=30", "name one: eks.ttft=SECONDS"),
     ("3=30", "rungs 2-5 are one SageMaker real-time endpoint limit"),
