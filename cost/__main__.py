@@ -16,8 +16,8 @@ from typing import Any
 from options.core import BadInput, exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m cost") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         data, render = args.handler(args)
@@ -35,13 +35,13 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- argument parsing -------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m cost") -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
     common.add_argument("--prices", metavar="FILE",
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
-        prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
+        prog=prog, description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,simulate,recommend,agent,bill,consolidate}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
