@@ -17,8 +17,8 @@ from typing import Any
 from options.core import BadInput, exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m cost") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         data, render = args.handler(args)
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- argument parsing -------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m cost") -> argparse.ArgumentParser:
     from cost.hardware.cli import add_capacity_command, add_predict_command, add_spec_arguments
 
     common = argparse.ArgumentParser(add_help=False)
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--prices", metavar="FILE",
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
-        prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
+        prog=prog, description="Dated prices, break-evens, per-rung monthly cost, capacity from specs and a "
+                                "recommendation.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,capacity,predict,simulate,recommend,agent,bill,consolidate}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
