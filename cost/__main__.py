@@ -110,6 +110,14 @@ def build_parser(prog: str = "python -m cost") -> argparse.ArgumentParser:
     # With --trace: simulate's own flags (the trace, the SLO, Bedrock's quota, the fleets).
     from cost.simulate.cli import add_trace_simulation_arguments
     add_trace_simulation_arguments(r, eks_extended_support=False)
+    add_spec_arguments(r, model_flag="--hf-model", required=False, gpu_flags=False)
+    hunt = r.add_argument_group("the deployment search (with --trace and --hf-model, without --instance)")
+    hunt.add_argument("--instances", metavar="LIST", help="instance families or types to search, e.g. g5,g6e,p5 "
+                                                          "(default: every priced GPU instance)")
+    hunt.add_argument("--dtypes", metavar="LIST", help="weight formats to search, e.g. bf16,fp8 (default: auto, "
+                                                       "the checkpoint's own)")
+    hunt.add_argument("--search-plot", metavar="FILE.png", help="draw each searched candidate's monthly cost "
+                                                                "against its SLO attainment")
     r.set_defaults(handler=cmd_recommend, plot=None)
 
     a = sub.add_parser("agent", parents=[common], help="dollars per agent task on every rung, and the volume that flips it",
@@ -462,10 +470,26 @@ def cmd_recommend(args):
         from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
 
         check_trace_flags(args)
+        found = None
+        if args.spec_model and (args.instances or not args.instance):
+            found = search_deployment(args)
+        elif args.instances or args.dtypes or args.search_plot:
+            raise BadInput("--instances, --dtypes and --search-plot steer the deployment search: give --trace, "
+                           "--hf-model and no --instance")
         sim = simulate(args, table_from, eks_fixed_hourly)
         data = recommend_from_simulation(req, sim, args.min_savings, table_from(args).instance(args.instance),
                                          args.model)
         data["assumptions"] = list(sim.get("assumptions", []))
+        if found is not None:
+            from cost.search import deploy_options, render_search
+            chosen = found["best"] or found["closest"]
+            data["search"] = found
+            if data["deploy"].get("argv") and data["level"] in (3, 4, 5):
+                extra = ["--model", args.spec_model, *deploy_options(chosen, args.max_num_seqs or 256)]
+                data["deploy"]["argv"] += extra
+                data["deploy"]["command"] += " " + " ".join(shlex_quote(a) for a in extra)
+                data["deploy"]["plan_command"] += " " + " ".join(shlex_quote(a) for a in extra)
+            return data, lambda d: (render_search(d["search"]), render_trace(d))
         return data, render_trace
     from cost.recommend import refuse_simulation_flags
     refuse_simulation_flags(args)
@@ -481,6 +505,32 @@ def cmd_recommend(args):
         data = recommend(req, min_savings_pct=args.min_savings)
     data["assumptions"] = assumptions
     return data, render.recommend
+
+
+def search_deployment(args) -> dict:
+    """The instance × TP × dtype search (cost.search); sets --instance, --tp and --dtype to its
+    answer (or the closest candidate when none meets the SLO) for the recommendation that follows."""
+    from cost.search import plot_search, search
+    from infra.eks.cluster import fixed_hourly as eks_fixed_hourly
+
+    if args.capacity is not None or args.bench:
+        raise BadInput("the deployment search takes its capacities from --hf-model: leave out --capacity/--bench")
+    found = search(args, table_from, eks_fixed_hourly)
+    chosen = found["best"] or found["closest"]
+    if chosen is None:
+        raise BadInput("no candidate could be simulated: " + "; ".join(
+            f"{r['instance']} {r['dtype']}: {r.get('why', r['status'])}" for r in found["candidates"][:5]))
+    args.instance, args.tp, args.dtype = chosen["instance"], chosen["tp"], chosen["dtype"]
+    args.max_num_seqs = args.max_num_seqs or 256
+    if args.search_plot:
+        plot_search(found, args.search_plot)
+        found["plot"] = args.search_plot
+    return found
+
+
+def shlex_quote(text: str) -> str:
+    import shlex
+    return shlex.quote(text)
 
 
 def cmd_agent(args):

@@ -119,6 +119,8 @@ class Capacity:
     measured_at: dict[str, Any] = field(default_factory=dict)  # profile, latency, level, ...
 
     def describe(self) -> str:
+        if "from_specs" in self.measured_at:
+            return f"{self.output_tokens_per_second:,.1f} output tok/s predicted from {self.origin}"
         if not self.measured_at:
             return f"{self.output_tokens_per_second:,.1f} output tok/s (given with {self.origin})"
         return f"{self.output_tokens_per_second:,.1f} output tok/s measured by {self.origin}: " \

@@ -193,13 +193,6 @@ class ModelSpec:
         as vLLM's fp8 and AWQ/GPTQ paths keep them. When ``dtype`` is the checkpoint's own family
         (fp4 on an mxfp4 checkpoint, int4 on an int4 one) the checkpoint's own parts and group
         size apply (gpt-oss's mxfp4 covers the experts only); bytes per weight: see _FORMATS."""
-        key = str(dtype).lower()
-        if key == "auto":
-            fmt = self.quantization or "bf16"
-        elif key in _DTYPES:
-            fmt = _DTYPES[key]
-        else:
-            raise BadInput(f"weight dtype {dtype!r} is not one of auto, {', '.join(sorted(_DTYPES))}")
         return round(sum(self.part_bytes(dtype).values()))
 
     def part_bytes(self, dtype: str = "auto") -> dict[str, float]:

@@ -61,10 +61,10 @@ def throughput_from_spec_args(args, mix=None):
     mix = mix or parse_mix(None)
     out = 200.0
     capacity, details = capacity_from_spec_args(args, out * mix.input / mix.output, out)
-    origin = (f"specs ({capacity.source}): {details['saturated_output_tok_s']:,.0f} output tok/s at saturation "
-              f"at {mix.label}, KV cache {details['kv_cache_tokens']:,} tokens")
+    origin = (f"{capacity.source} (saturated, at {mix.label}; KV cache {details['kv_cache_tokens']:,} tokens; "
+              f"python -m cost capacity shows every assumption)")
     return Capacity(details["saturated_output_tok_s"], origin,
-                    measured_at={"summary": origin, "from_specs": {k: details[k] for k in ("model", "hardware")}})
+                    measured_at={"from_specs": {k: details[k] for k in ("model", "hardware")}})
 
 
 def _instance(args) -> str | None:
@@ -137,8 +137,13 @@ def render_capacity(data: dict[str, Any]) -> None:
     for col in ("what", "value", "source"):
         a.add_column(col, overflow="fold")
     for row in data["assumptions"]:
-        a.add_row(row["what"], str(row["value"]), row["source"])
+        source = row["source"] if len(row["source"]) <= SOURCE_WIDTH else row["source"][:SOURCE_WIDTH - 1] + "…"
+        a.add_row(row["what"], str(row["value"]), source)
     console.print(a)
+    console.print("(sources cut short here: --json gives each in full)")
+
+
+SOURCE_WIDTH = 110      # a source's characters in the readable table
 
 
 # --- predict -------------------------------------------------------------------------------------

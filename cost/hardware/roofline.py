@@ -46,7 +46,8 @@ class Efficiency:
     gemm: float               # of dense peak FLOP/s, the weight matmuls of a large step
     attention: float          # of dense peak FLOP/s, prefill attention
     weight_only_gemm: float   # a weight-only quantised kernel's matmul rate relative to ``gemm``
-    moe_gemm: float           # routed experts' grouped matmuls (few tokens an expert) relative to ``gemm``
+    moe_gemm: float           # routed experts' grouped kernels (few tokens an expert): their share of the
+                              # matmul rate and of the bandwidth a dense layer reaches
     kv_bandwidth: float       # paged attention's reads of the KV cache relative to ``bandwidth``
     layer_s: float            # per layer, per step
     step_s: float             # per step
@@ -144,7 +145,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
         gemm_per_token_s=matmul_s / tp,
         weights_read_s=read_dense / tp / bandwidth,
-        experts_read_s=parts.get("experts", 0) / tp / bandwidth,
+        experts_read_s=parts.get("experts", 0) / tp / (bandwidth * eff.moe_gemm),
         experts=model.experts, experts_per_token=model.experts_per_token,
         source=source)
     assumptions = [
@@ -173,7 +174,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch; their matmuls run "
                                     "as grouped GEMMs",
                             "value": f"1 − (1 − {model.experts_per_token}/{model.experts})^tokens of "
-                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing; expert matmuls "
-                                     f"at {eff.moe_gemm:.2f} of the dense rate",
+                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing; expert kernels "
+                                     f"at {eff.moe_gemm:.2f} of a dense layer's matmul rate and bandwidth",
                             "source": "expected distinct experts under uniform top-k routing"})
     return capacity, assumptions
