@@ -412,6 +412,28 @@ def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool) -> tuple[list[d
     return kept, skipped, sources
 
 
+def attach_aiconfigurator_predictions(workloads: list[dict], rows: Iterable[dict[str, str]]) -> int:
+    """AIConfigurator's own predictions for the same rows, as its tool writes them
+    (``tools/accuracy_regression_testing/predict_silicon_sample.py --aic-output-prefix P``: the
+    sample's columns plus ``P_predicted_ttft_ms`` / ``P_predicted_tpot_ms``), matched by ``id``."""
+    by_id = {w["id"]: w for w in workloads if w["set"] == "aiconfigurator"}
+    matched = 0
+    for row in rows:
+        w = by_id.get(row.get("id"))
+        if w is None:
+            continue
+        got = {}
+        for col, value in row.items():
+            found = re.fullmatch(r"(\w+)_predicted_(ttft|tpot)_ms", col or "")
+            v = _float(value)
+            if found and v is not None and f"{found.group(2)}_mean" in w["measured"]:
+                got.setdefault(f"aiconfigurator ({found.group(1)})", {})[f"{found.group(2)}_mean"] = v
+        for sim, values in got.items():
+            w["comparators"][sim] = values
+        matched += bool(got)
+    return matched
+
+
 def load_aiconfigurator(repo: Repo) -> tuple[list[dict], list[dict], list[str]]:
     paths = sorted(repo.find(AIC_SAMPLE))
     if not paths:
@@ -528,7 +550,8 @@ def _median(values: list[float]) -> float | None:
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     """Median absolute relative error (and n) by metric: overall, by set, by GPU, dense vs MoE; and
-    for the sim-to-real rows, each other simulator's median on the rows it also predicted."""
+    for each other simulator whose predictions came with the rows (all of sim-to-real's; on the
+    AIConfigurator set, its own tool's when given), its median on the rows both predicted."""
     def table(key: Callable[[dict], str]) -> dict[str, dict[str, dict[str, Any]]]:
         out: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in rows:
@@ -542,11 +565,12 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "by_gpu": table(lambda r: f"{r['set']}:{r['gpu']}"),
         "dense_vs_moe": table(lambda r: f"{r['set']}:{'moe' if r['moe'] else 'dense'}"),
     }
-    # like for like: the other simulators on exactly the rows both predicted (sim-to-real only)
+    # like for like: the other simulators on exactly the rows both predicted
     pairs: dict[tuple[str, str, str], list[tuple[float, float]]] = defaultdict(list)
     for r in rows:
         for sim, c in r.get("comparators", {}).items():
-            level = ("whole-run" if r.get("stage") == -1 else "per-stage") + f", {r.get('subset')}"
+            level = ("closed loop" if r["load"]["kind"] == "closed" else
+                     ("whole-run" if r.get("stage") == -1 else "per-stage") + f", {r.get('subset')}")
             pairs[(sim, level, r["metric"])].append((r["ape"], c["ape"]))
     summary["comparators"] = {
         f"{sim} [{level}]": {m: {"n": len(v), "spectrum_median_ape": _median([a for a, _ in v]),
@@ -576,7 +600,7 @@ def markdown(rows: list[dict], skipped: list[dict], summary: dict, sources: list
                                                    for m in metrics) + " |")
         lines.append("")
     if summary["comparators"]:
-        lines += ["## Other simulators on the same sim-to-real rows (median APE, Spectrum vs them, n)", "",
+        lines += ["## Other simulators on the same rows (median APE, Spectrum vs them, n)", "",
                   "| simulator [level] | metric | n | Spectrum | them |", "|---|---|---|---|---|"]
         for sim, ms in summary["comparators"].items():
             for m in HEADLINE:
@@ -614,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sim-to-real", metavar="DIR", help="inference-sim/sim-to-real-accuracy-validation")
     ap.add_argument("--inference-sim", metavar="DIR",
                     help="inference-sim/inference-sim: its history describes the reasoning-lite workload")
+    ap.add_argument("--aiconfigurator-predictions", metavar="CSV",
+                    help="AIConfigurator's own predictions of the sample (its predict_silicon_sample.py output)")
     ap.add_argument("--with-cluster-run", action="store_true",
                     help="also take experiments found only in sim-to-real's cluster_2000req records")
     ap.add_argument("--out", default=str(HERE / "results"), help="where results.json and results.md go")
@@ -628,6 +654,10 @@ def main(argv: list[str] | None = None) -> int:
     workloads, skipped, sources = [], [], []
     if args.aiconfigurator:
         k, s, src = load_aiconfigurator(Repo(args.aiconfigurator))
+        if args.aiconfigurator_predictions:
+            with open(args.aiconfigurator_predictions, newline="") as f:
+                n = attach_aiconfigurator_predictions(k, csv.DictReader(f))
+            src.append(f"{args.aiconfigurator_predictions} (AIConfigurator's predictions, {n} rows matched)")
         workloads += k; skipped += s; sources += src
     if args.sim_to_real:
         k, s, src = load_sim_to_real(Repo(args.sim_to_real), Repo(args.inference_sim) if args.inference_sim else None,

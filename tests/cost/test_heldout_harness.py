@@ -228,6 +228,20 @@ def test_errors_by_metric_gpu_and_moe_with_a_fake_predictor(specs):
     assert "## Dense vs MoE" in md and "| sim-to-real:moe |" in md
 
 
+def test_aiconfigurators_own_predictions_are_matched_by_id():
+    kept, _ = ev.normalise_aiconfigurator([aic_row(id="a", silicon_ttft_ms="200", silicon_tpot_ms="10"),
+                                           aic_row(id="b")])
+    theirs = [dict(aic_row(id="a"), aic_predicted_ttft_ms="150", aic_predicted_tpot_ms="12"),
+              dict(aic_row(id="b"), aic_predicted_ttft_ms="", aic_predicted_tpot_ms=""),
+              dict(aic_row(id="not-kept"), aic_predicted_ttft_ms="1", aic_predicted_tpot_ms="1")]
+    assert ev.attach_aiconfigurator_predictions(kept, theirs) == 1
+    assert kept[0]["comparators"] == {"aiconfigurator (aic)": {"ttft_mean": 150.0, "tpot_mean": 12.0}}
+    assert kept[1]["comparators"] == {}
+    rows, _ = ev.evaluate(kept, fake_api(ttft=100.0))
+    theirs = ev.summarise(rows)["comparators"]["aiconfigurator (aic) [closed loop]"]
+    assert theirs["ttft_mean"] == {"n": 1, "spectrum_median_ape": 0.5, "their_median_ape": 0.25}
+
+
 def test_files_are_read_from_a_git_directory_even_after_deletion(tmp_path):
     repo = tmp_path / "clone"
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
