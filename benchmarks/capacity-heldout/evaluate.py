@@ -149,6 +149,22 @@ def _float(value: str | None) -> float | None:
     return v if v is not None and math.isfinite(v) else None
 
 
+QUANT_SUFFIX = re.compile(r"-(fp8(-dynamic)?|nvfp4|fp4|mxfp4)$", re.I)
+
+
+def catalog_name(model: str) -> tuple[str, str | None]:
+    """(the name to give the catalog, the weight format its suffix names): a quantized re-upload
+    (``nvidia/Llama-3.1-8B-Instruct-FP8``, ``Qwen/Qwen3-235B-A22B-FP8``) has its base model's
+    architecture, so it is looked up by the base name, without the publisher, with the format kept
+    as the dtype."""
+    found = QUANT_SUFFIX.search(model)
+    if not found:
+        return model, None
+    base = model[:found.start()].rsplit("/", 1)[-1]
+    fmt = found.group(1).lower()
+    return base, "fp8" if fmt.startswith("fp8") else "fp4"
+
+
 def _aic_dtype(model: str, quant: str) -> str | None:
     """Spectrum's ``dtype`` for AIConfigurator's ``gemm_quant_mode``; None when there is none."""
     quant = (quant or "").lower()
@@ -211,9 +227,11 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
         measured = {k: v for k, v in measured.items() if v is not None and v > 0}
         if not measured:
             skip("no measured TTFT/TPOT"); continue
+        lookup, suffix_dtype = catalog_name(model)
         kept.append({
-            "set": "aiconfigurator", "id": rid, "model": model, "family": fam[0], "moe": fam[1], "gpu": gpu,
-            "tp": tp, "dtype": dtype, "kv_dtype": "auto", "engine": {}, "vllm_version": _aic_version(row),
+            "set": "aiconfigurator", "id": rid, "model": model, "catalog_model": lookup, "family": fam[0],
+            "moe": fam[1], "gpu": gpu,
+            "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype, "kv_dtype": "auto", "engine": {}, "vllm_version": _aic_version(row),
             "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl},
             "measured": measured, "comparators": {}, "source": source,
             "notes": ([f"expert parallel {moe_ep} over the TP group"] if fam[1] and moe_ep > 1 else [])
@@ -457,7 +475,7 @@ def _accepts(fn: Callable, name: str) -> bool:
 def predict(workload: dict[str, Any], api: Any, cache: dict, max_requests: int, seed: int = 0) -> dict[str, float]:
     """Spectrum's figures for one workload, keyed like ``measured`` (``ttft_mean``, ``e2e_p99`` …)."""
     load = workload["load"]
-    kwargs = dict(model=workload["model"], gpu=workload["gpu"], tp=workload["tp"], dtype=workload["dtype"],
+    kwargs = dict(model=workload.get("catalog_model") or workload["model"], gpu=workload["gpu"], tp=workload["tp"], dtype=workload["dtype"],
                   kv_dtype=workload["kv_dtype"], **workload["engine"])
     if _accepts(api.capacity_for, "input_tokens"):
         kwargs.update(input_tokens=load["input_tokens"], output_tokens=load["output_tokens"])

@@ -73,7 +73,11 @@ def test_aiconfigurator_weight_formats_and_parallel_layouts():
                     moe_tp_size="8")]
     kept, skipped = ev.normalise_aiconfigurator(rows)
     assert skipped == []
-    assert [w["dtype"] for w in kept] == ["fp8", "fp4", "auto", "auto", "int4"]
+    assert [w["dtype"] for w in kept] == ["fp8", "fp4", "auto", "fp8", "int4"]
+    assert kept[3]["catalog_model"] == "Qwen3-235B-A22B", "a quantized re-upload is looked up by its base"
+    assert ev.catalog_name("nvidia/Llama-3.1-8B-Instruct-FP8") == ("Llama-3.1-8B-Instruct", "fp8")
+    assert ev.catalog_name("RedHatAI/Foo-7B-FP8-dynamic") == ("Foo-7B", "fp8")
+    assert ev.catalog_name("meta-llama/Llama-3.1-70B") == ("meta-llama/Llama-3.1-70B", None)
     assert [w["tp"] for w in kept] == [4, 1, 2, 4, 8], "a dense row's moe_tp/moe_ep do not matter"
     assert [w["moe"] for w in kept] == [False, False, True, True, True]
     assert kept[3]["notes"][0].startswith("expert parallel 4")
