@@ -1,6 +1,7 @@
-"""python -m cost {prices,breakeven,compare,simulate,recommend,agent,bill,consolidate}: which rung is cheapest for
-your traffic (from a profile, or from a real trace through every rung's autoscaling and batching), what each
-gateway tenant owes, and what serving many models on one endpoint saves.
+"""python -m cost {prices,breakeven,compare,capacity,predict,simulate,recommend,agent,bill,consolidate}: which rung
+is cheapest for your traffic (from a profile, or from a real trace through every rung's autoscaling and batching),
+one replica's capacity from a model's config and a GPU's specs before any deployment, what each gateway tenant
+owes, and what serving many models on one endpoint saves.
 
 Exit codes: 0 ok, 1 failure (e.g. the Price List API unreachable), 2 bad input.
 """
@@ -16,8 +17,8 @@ from typing import Any
 from options.core import BadInput, exit_code
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, prog: str = "python -m cost") -> int:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         data, render = args.handler(args)
@@ -35,14 +36,17 @@ def main(argv: list[str] | None = None) -> int:
 
 # --- argument parsing -------------------------------------------------------------------------
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m cost") -> argparse.ArgumentParser:
+    from cost.hardware.cli import add_capacity_command, add_predict_command, add_spec_arguments
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print JSON for machines instead of tables")
     common.add_argument("--prices", metavar="FILE",
                         help="price table to use (default: the newest cost/data/prices-YYYY-MM-DD.json)")
     parser = argparse.ArgumentParser(
-        prog="python -m cost", description="Dated prices, break-evens, per-rung monthly cost and a recommendation.")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,simulate,recommend,agent,bill,consolidate}")
+        prog=prog, description="Dated prices, break-evens, per-rung monthly cost, capacity from specs and a "
+                                "recommendation.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{prices,breakeven,compare,capacity,predict,simulate,recommend,agent,bill,consolidate}")
 
     p = sub.add_parser("prices", parents=[common], help="list, filter or refresh the price table")
     p.add_argument("--kind", choices=("all", "bedrock", "instance", "eks"), default="all")
@@ -66,14 +70,19 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--utilization", type=float, default=1.0, metavar="U",
                    help="share of each hour the replica serves at its capacity, in (0, 1] (default 1)")
     add_capacity_args(b, repeat=False)
+    add_spec_arguments(b, model_flag="--hf-model", required=False, gpu_flags=False)
     b.set_defaults(handler=cmd_breakeven)
 
     c = sub.add_parser("compare", parents=[common], help="one traffic profile priced on every rung")
     add_pricing_args(c)
     add_traffic_args(c)
     add_capacity_args(c, repeat=True)
+    add_spec_arguments(c, model_flag="--hf-model", required=False, gpu_flags=False)
     c.add_argument("--plot", metavar="FILE.png", help="draw monthly cost against monthly tokens for every rung")
     c.set_defaults(handler=cmd_compare)
+
+    add_capacity_command(sub, common)
+    add_predict_command(sub, common)
 
     sm = sub.add_parser("simulate", parents=[common], help="a request trace through every rung's autoscaling, batching, "
                                                            "throttling and bill; or a replay re-predicted",
@@ -255,12 +264,22 @@ def refresh_table(args, table):
     return {"refresh": report.to_json()}, render.refresh
 
 
-def resolve_capacity(args):
-    """(default Capacity or None, {level: Capacity}) from --capacity and --bench."""
+def resolve_capacity(args, mix=None):
+    """(default Capacity or None, {level: Capacity}) from --capacity and --bench, or else from
+    --hf-model and the instance's specs (at the traffic's ``mix``)."""
     from cost.bench import load_bench
     from cost.breakeven import check_capacity
     from cost.fleet import SELF_HOSTED_LEVELS
+    from cost.hardware.cli import throughput_from_spec_args
 
+    measured = args.capacity is not None or bool(args.bench)
+    if measured and getattr(args, "spec_model", None):
+        raise BadInput(f"give --hf-model {args.spec_model} (capacity from specs) or --capacity/--bench (measured), "
+                       "not both: each is the capacity of one replica")
+    if not measured and getattr(args, "spec_model", None):
+        if not args.instance:
+            raise BadInput(f"--hf-model {args.spec_model} needs --instance: the capacity comes from its GPUs")
+        return throughput_from_spec_args(args, mix), {}
     default = check_capacity(args.capacity) if args.capacity is not None else None
     by_level = {}
     benches = args.bench if isinstance(args.bench, list) else ([args.bench] if args.bench else [])
@@ -351,7 +370,7 @@ def cmd_breakeven(args):
     assumptions.append(f"utilisation {u:.0%}: the share of each hour the replica serves at full throughput")
     assumptions.append("one replica on one instance, no autoscaling floor; storage, data transfer, load balancers "
                        "and engineering time are not counted")
-    default, _ = resolve_capacity(args)
+    default, _ = resolve_capacity(args, mix)
     if default is not None:
         assumptions += capacity_notes(default, mix)
     result = BreakEven(hourly, blended, u, mix, default, assumptions, inputs)
@@ -374,10 +393,11 @@ def fleet_inputs(args, need_capacity: bool = True):
     check_discount(args.discount)
     mix = parse_mix(args.mix)
     traffic, notes = make_traffic(mix, args.avg, args.peak, args.tokens_per_month, args.hours_per_day)
-    default, by_level = resolve_capacity(args)
+    default, by_level = resolve_capacity(args, mix)
     if default is None:
-        raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S or --bench FILE "
-                       "(from `python -m options.bench --json FILE`)")
+        raise BadInput("give the capacity of one replica: --capacity OUTPUT_TOK_S, --bench FILE "
+                       "(from `python -m options.bench --json FILE`) or --hf-model M (from the model's config "
+                       "and the instance's specs)")
     eks_fee = "control_plane_extended_support" if args.eks_extended_support else "control_plane"
     eks = eks_fixed_hourly(table, eks_fee)
     fleets = build_fleets(table, inst, by_level, default, args.min_replicas, args.discount,

@@ -104,9 +104,9 @@ def _shared_arguments(parser: argparse.ArgumentParser) -> None:
                    help="print the answer as it is generated")
 
 
-def build_parser(level: int | None) -> argparse.ArgumentParser:
+def build_parser(level: int | None, prog: str = "python -m options.deploy") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m options.deploy", description="Deploy an LLM at one rung of the AWS spectrum.",
+        prog=prog, description="Deploy an LLM at one rung of the AWS spectrum.",
         epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter,
         # Without --level, --help lists every rung's flags; flags several rungs share
         # (--role-arn, --lmi-version) are then shown once, under the last rung that has them.
@@ -152,7 +152,7 @@ def refuse_other_platforms_autoscaling(level: int, argv: list[str]) -> None:
                        f"{HOW_IT_SCALES[r.platform]}")
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
+def parse_args(argv: list[str], prog: str = "python -m options.deploy") -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--level", type=int)
     known, _ = pre.parse_known_args(argv)
@@ -161,8 +161,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         refuse_other_platforms_autoscaling(known.level, argv)
     elif not {"-h", "--help"} & set(argv):
         raise BadInput("--level N is required: " + "; ".join(f"{r.level} = {r.name}" for r in RUNGS)
-                       + ". e.g. python -m options.deploy --level 3 (see --help)")
-    return build_parser(known.level).parse_args(argv)
+                       + f". e.g. {prog} --level 3 (see --help)")
+    return build_parser(known.level, prog).parse_args(argv)
 
 
 def local_server_env(level: int, model: str | None = None, options: list[str] | tuple[str, ...] = ()):
@@ -295,13 +295,13 @@ def print_gateway_front(module, args, say: Console) -> int:
 
 # ----------------------------------------------------------------------------------- main
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, prog: str = "python -m options.deploy") -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     json_mode = "--json" in argv
     say = Console(json_mode)
     progress_to_stderr(json_mode)
     try:
-        args = parse_args(argv)
+        args = parse_args(argv, prog)
         module = rung_module(args.level)
         if args.gateway and rung(args.level).platform != EC2:
             return print_gateway_front(module, args, say)

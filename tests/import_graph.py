@@ -28,7 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 PACKAGES = ("options", "cost", "infra")      # importable from the repository root
 CORE = "options.core"
-CLI_MODULES = ("options.deploy", "options.bench", "options.agent")
+CLI_MODULES = ("options.deploy", "options.bench", "options.agent", "options.cli", "options.check")
 SELF_CONTAINED_IMAGES = ("byo_vllm",)        # packages whose image carries only them + the core
 SKIP_DIRS = {"__pycache__", ".venv", "node_modules"}
 

@@ -200,19 +200,31 @@ class ModelSpec:
             fmt = _DTYPES[key]
         else:
             raise BadInput(f"weight dtype {dtype!r} is not one of auto, {', '.join(sorted(_DTYPES))}")
+        return round(sum(self.part_bytes(dtype).values()))
+
+    def part_bytes(self, dtype: str = "auto") -> dict[str, float]:
+        """``weight_bytes`` by part (the keys of ``parts``): what a step reads of each, for the
+        roofline (routed experts apart from the weights every token reads)."""
+        key = str(dtype).lower()
+        if key == "auto":
+            fmt = self.quantization or "bf16"
+        elif key in _DTYPES:
+            fmt = _DTYPES[key]
+        else:
+            raise BadInput(f"weight dtype {dtype!r} is not one of auto, {', '.join(sorted(_DTYPES))}")
         p = self.parts()
         if _FORMATS[fmt][0] == 16:
-            return 2 * sum(p.values())
+            return {k: 2.0 * v for k, v in p.items()}
         own = self.quantization is not None and (
             fmt == self.quantization or (key == "fp4" and self.quantization in ("mxfp4", "nvfp4")))
         if own:
             fmt, group, scope = self.quantization, self.quant_group_size, self.quantized_parts
         else:
             group, scope = 0, "linear"
-        quantized = (["experts"] if scope == "experts"
-                     else ["attention", "dense_mlp", "experts", "shared_experts"])
-        q = sum(p[k] for k in quantized)
-        return round(q * _bytes_per_weight(fmt, group) + 2 * (sum(p.values()) - q))
+        quantized = (("experts",) if scope == "experts"
+                     else ("attention", "dense_mlp", "experts", "shared_experts"))
+        rate = _bytes_per_weight(fmt, group)
+        return {k: v * (rate if k in quantized else 2.0) for k, v in p.items()}
 
     def _layer_shares(self, context: int | None) -> float:
         """Layers that see the whole context, counting a windowed layer as min(context, window) /

@@ -9,6 +9,12 @@ and the SDK's standard retry mode tries it again after a jittered exponential ba
 not billed and misses the SLO. Served requests are billed exactly: Σ input × input price +
 output × output price.
 
+The SDK's read timeout (``timeouts.FrontDoor``, from the accepted attempt: a throttled one
+fails at once) fails a request whose first event comes later (the client streams) as
+TIMED_OUT: it misses the SLO, and is billed, since Bedrock finishes and bills a generation its
+client left (the timeouts file gives the reports). It is not retried: the read times out inside
+an open stream, which the SDK hands to the caller.
+
 Latency on Bedrock is not ours to model from a bench of our server: TTFT = a fixed first-token
 time + input / prompt rate, then output tokens at a per-request rate, plus the time spent
 backing off. The defaults are stated assumptions (``cost/data/scaling-*.json``), overridable.
@@ -38,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from cost.simulate.fleet import SERVED
+from cost.simulate.fleet import SERVED, TIMED_OUT
 from cost.simulate.scaling import default
 from options.core import BadInput
 
@@ -65,14 +71,14 @@ class BedrockSettings:
 class BedrockRun:
     first_token_s: np.ndarray
     finish_s: np.ndarray
-    status: np.ndarray            # SERVED or THROTTLED (failed after every attempt)
+    status: np.ndarray            # SERVED, THROTTLED (failed after every attempt) or TIMED_OUT
     throttled_requests: int       # requests throttled at least once
     throttle_events: int          # throttled attempts, retries included
     throttle_times: list[float]   # when each throttled attempt happened (for the plot)
 
 
 def simulate_bedrock(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
-                     settings: BedrockSettings, seed: int = 0) -> BedrockRun:
+                     settings: BedrockSettings, seed: int = 0, front_door=None) -> BedrockRun:
     n = len(arrival_s)
     inputs, outputs = input_tokens.tolist(), output_tokens.tolist()
     start = [math.nan] * n
@@ -121,6 +127,8 @@ def simulate_bedrock(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tok
     failed = status != SERVED
     first[failed] = np.nan
     finish[failed] = np.nan
+    if front_door is not None:
+        status[~failed & front_door.late(began, first, finish)] = TIMED_OUT
     return BedrockRun(first, finish, status, len(throttled_once), events, times)
 
 
@@ -176,9 +184,9 @@ class ProvisionedThroughput:
         return max(1, math.ceil(float(per_minute.max()) / self.unit_tpm - 1e-9))
 
     def run(self, arrival_s, input_tokens, output_tokens, settings: BedrockSettings, units: int,
-            seed: int = 0) -> BedrockRun:
+            seed: int = 0, front_door=None) -> BedrockRun:
         on_units = replace(settings, tpm=units * self.unit_tpm, rpm=None)
-        return simulate_bedrock(arrival_s, input_tokens, output_tokens, on_units, seed)
+        return simulate_bedrock(arrival_s, input_tokens, output_tokens, on_units, seed, front_door)
 
     def to_json(self, units: int) -> dict[str, Any]:
         return {"kind": "bedrock_provisioned_throughput", "model_units": units, "term": self.term,

@@ -9,6 +9,9 @@ A replica is one vLLM server. The simulator runs it in engine steps, as vLLM doe
   when the KV cache (``kv_cache_tokens``) is full.
 - a step takes ``step_s(seqs, kv_tokens, prefill_tokens)`` =
   ``step_base_s + step_per_seq_s·seqs + step_per_kv_token_s·kv_tokens + prefill_per_token_s·prefill_tokens``
+  ``+ gemm_s(seqs + prefill_tokens)``, the last a roofline of the weight matmuls (the longer of
+  reading the weights and computing with them; see ``CapacityModel.gemm_s``) that a model built
+  from specs sets (``cost.hardware``) and a bench fit leaves at 0,
   where ``seqs`` counts every sequence in the step (decoding, or prefilling a chunk),
   ``kv_tokens`` the tokens those sequences hold in the KV cache at the step (a decoding
   sequence: its prompt and the tokens generated so far; a prefilling one: its prompt tokens
@@ -66,6 +69,8 @@ BENCH_SCHEMA = "spectrum.bench/1"
 COEFFICIENTS = ("step_base_s", "step_per_seq_s", "step_per_kv_token_s", "prefill_per_token_s",
                 "request_overhead_s")
 LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "max_model_len")
+# The matmul roofline's times (``CapacityModel.gemm_s``): optional, 0 in a bench fit.
+ROOFLINE = ("gemm_per_token_s", "weights_read_s", "experts_read_s")
 # How closely a fit must reproduce its own points (relative): what --profile capacity checks.
 TOLERANCE = {"decode": 0.10, "prefill": 0.15}
 # A chat-like request, the mix a throughput figure (from_throughput) is pinned to.
@@ -103,6 +108,13 @@ class CapacityModel:
     request_overhead_s: float     # fixed client-visible latency per request outside engine steps (HTTP, tokenise, detokenise)
     source: str                   # "bench FILE (fitted from N points)" or "--capacity 1500 tok/s with defaults ..."
     fit: dict = field(default_factory=dict, compare=False)   # the fit's points and residuals, may be {}
+    # The weight matrices' roofline (``gemm_s``), set by a model built from specs
+    # (``cost.hardware``); all 0 in a bench fit, whose linear terms absorb it.
+    gemm_per_token_s: float = 0.0  # matmul compute per token in the step (2 FLOPs a weight / achieved FLOP/s)
+    weights_read_s: float = 0.0    # reading the weights every token uses (dense layers, shared experts)
+    experts_read_s: float = 0.0    # reading every routed expert once (MoE); a step reads those its tokens touch
+    experts: int = 0               # routed experts per MoE layer (0: dense)
+    experts_per_token: int = 0     # experts each token is routed to
 
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
@@ -115,6 +127,13 @@ class CapacityModel:
                 continue
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise BadInput(f"capacity model: {name} = {value!r} must be a whole number >= 1")
+        for name in ROOFLINE:
+            value = getattr(self, name)
+            if not _is_number(value) or not math.isfinite(value) or value < 0:
+                raise BadInput(f"capacity model: {name} = {value!r} must be a finite number >= 0 (seconds)")
+        if self.experts_read_s and not (0 < self.experts_per_token <= self.experts):
+            raise BadInput(f"capacity model: experts_read_s is set, so experts ({self.experts!r}) and "
+                           f"experts_per_token ({self.experts_per_token!r}) must satisfy 0 < top-k <= experts")
         if self.step_s(1, 1, 0) <= 0:
             raise BadInput("capacity model: every coefficient is 0, so a step would take no time")
 
@@ -123,15 +142,31 @@ class CapacityModel:
     def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int) -> float:
         """How long one engine step takes (see the module docstring for what each count means)."""
         return (self.step_base_s + self.step_per_seq_s * seqs + self.step_per_kv_token_s * kv_tokens
-                + self.prefill_per_token_s * prefill_tokens)
+                + self.prefill_per_token_s * prefill_tokens + self.gemm_s(seqs + prefill_tokens))
+
+    def gemm_s(self, tokens: float) -> float:
+        """The weight matmuls of a step of ``tokens`` tokens: the longer of reading the weights
+        and computing with them (a roofline). Reading covers the dense weights and, of a MoE's
+        routed experts, the share its tokens touch: with top-k of E experts per token, a step of
+        t tokens touches 1 − (1 − k/E)^t of them, in expectation over uniform routing. A prefilling
+        sequence counts one token more than its chunk (``seqs + prefill_tokens``): a rounding
+        the step's hundreds of tokens hide."""
+        if not (self.gemm_per_token_s or self.weights_read_s or self.experts_read_s):
+            return 0.0
+        read = self.weights_read_s
+        if self.experts_read_s:
+            read += self.experts_read_s * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
+        return max(read, self.gemm_per_token_s * tokens)
 
     def coefficients(self) -> tuple[float, ...]:
         return tuple(getattr(self, name) for name in COEFFICIENTS)
 
     def idle_ttft_s(self, prompt_tokens: float) -> float:
         """TTFT of one request on an idle replica: its prefill steps and the request overhead."""
-        return _dot(wave_terms(1, prompt_tokens, 1, self.max_num_batched_tokens, self.max_num_seqs)[0][0],
-                    self.coefficients())
+        budget = self.max_num_batched_tokens
+        chunks = [budget] * int(prompt_tokens // budget) + ([prompt_tokens % budget] if prompt_tokens % budget else [])
+        return (_dot(wave_terms(1, prompt_tokens, 1, budget, self.max_num_seqs)[0][0], self.coefficients())
+                + sum(self.gemm_s(1 + c) for c in chunks or [0]))
 
     def saturated_output_tok_s(self, input_tokens: float, output_tokens: float) -> float:
         """Steady-state output tokens/s with the batch full, for requests of these mean sizes.
@@ -151,18 +186,23 @@ class CapacityModel:
         batch = min(batch, self.kv_cache_tokens / (input_tokens + output_tokens))
         batch = min(batch, self.max_num_batched_tokens / (1 + input_tokens / output_tokens))
         batch = max(batch, 1.0)
-        return 1.0 / _dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
+        tokens_per_step = batch * (1 + input_tokens / output_tokens)
+        return 1.0 / (_dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
+                      + self.gemm_s(tokens_per_step) / batch)
 
     def steady_tpot_s(self, point: dict[str, Any]) -> float:
         """The time per output token this model gives a measured ``steady`` point (its
         ``steady_terms``): what a request decoding beside that batch takes a token."""
-        return _dot(steady_terms(point["decoding_seqs"], point["kv_tokens"], point["prefill_tokens_per_s"],
-                                 point["tpot_s"]), self.coefficients())
+        prefill = point["prefill_tokens_per_s"] * point["tpot_s"]
+        return (_dot(steady_terms(point["decoding_seqs"], point["kv_tokens"], point["prefill_tokens_per_s"],
+                                  point["tpot_s"]), self.coefficients())
+                + self.gemm_s(point["decoding_seqs"] + prefill))
 
     def with_step_speed(self, factor: float, source: str | None = None) -> "CapacityModel":
         """The same server with every step ``factor`` times as fast (its saturated rate times
         ``factor``); the per-request overhead and the limits unchanged."""
-        return replace(self, **{k: getattr(self, k) / factor for k in COEFFICIENTS if k != "request_overhead_s"},
+        return replace(self, **{k: getattr(self, k) / factor for k in COEFFICIENTS + ROOFLINE
+                                if k != "request_overhead_s"},
                        source=source or f"{self.source}, steps x{factor:g} as fast")
 
     def describe(self) -> str:
@@ -171,7 +211,10 @@ class CapacityModel:
                 f"{self.step_per_kv_token_s * 1e6:.3g} µs/KV token + {self.prefill_per_token_s * 1e6:.3g} µs/prompt "
                 f"token; overhead {self.request_overhead_s * 1e3:.3g} ms; ≤ {self.max_num_seqs} seqs, "
                 f"{self.max_num_batched_tokens:,} tokens/step, KV {self.kv_cache_tokens:,} tokens"
-                + (f", max_model_len {self.max_model_len:,}" if self.max_model_len else ""))
+                + (f", max_model_len {self.max_model_len:,}" if self.max_model_len else "")
+                + (f"; matmuls max({self.weights_read_s * 1e3:.3g} ms read"
+                   + (f" + {self.experts_read_s * 1e3:.3g} ms × experts touched" if self.experts_read_s else "")
+                   + f", {self.gemm_per_token_s * 1e6:.3g} µs/token)" if self.gemm_s(1) else ""))
 
     # --- JSON --------------------------------------------------------------------------------
 
@@ -191,8 +234,9 @@ class CapacityModel:
             raise BadInput(f"{where} has no {missing[0]!r}" + (f" (nor {', '.join(map(repr, missing[1:]))})"
                                                                 if len(missing) > 1 else "")
                            + f": a capacity model needs {', '.join(required)}")
+        roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token") if doc.get(k) is not None}
         try:
-            return cls(**{k: doc[k] for k in required},
+            return cls(**{k: doc[k] for k in required}, **roofline,
                        source=str(doc.get("source") or where), fit=dict(doc.get("fit") or {}))
         except BadInput as exc:
             raise BadInput(f"{where}: {exc}") from None

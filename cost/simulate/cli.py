@@ -22,7 +22,10 @@ STATS = ("p50", "p90", "p99")
 def add_arguments(s: argparse.ArgumentParser, add_pricing_args) -> None:
     """simulate's flags: the trace and how to simulate it (shared with ``cost recommend --trace``),
     the prices, one replica's capacity, and what only simulate does (--predict-replay, --plot)."""
+    from cost.hardware.cli import add_spec_arguments
+
     add_trace_simulation_arguments(s, add_pricing=add_pricing_args)
+    add_spec_arguments(s, model_flag="--hf-model", required=False, gpu_flags=False)
     s.add_argument("--predict-replay", metavar="REPLAY.json", nargs="+",
                    help="re-predict replays measured by python -m options.bench --replay on the server --bench "
                         "profiled (one or several: each is predicted and shown beside its measurement)")
@@ -42,6 +45,7 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     from cost.simulate.fleet import ROUTINGS
     from cost.simulate.rungs import RUNG6_AUTOSCALERS
     from cost.simulate.scaling import SAGEMAKER_METRICS
+    from cost.simulate.timeouts import defaults_text as timeout_defaults_text
     from cost.traces import add_trace_arguments
 
     add_trace_arguments(s, flag="--trace")
@@ -120,6 +124,12 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     if eks_extended_support:
         fl.add_argument("--eks-extended-support", action="store_true",
                         help="price the EKS control plane on extended support")
+    s.add_argument("--timeout-s", action="append", default=[], metavar="RUNG[.ttft|.e2e]=SECONDS",
+                   help="a rung's front-door timeout, repeatable: RUNG bedrock (1), sagemaker (2-5) or eks (6); "
+                        "ttft for a limit on the silence before the first token (an idle or read timeout: the "
+                        "client streams), e2e on the whole answer; SECONDS or none. A request past it fails (not "
+                        f"served, misses the SLO). Defaults: {timeout_defaults_text()}. e.g. --timeout-s "
+                        "eks.e2e=600 --timeout-s bedrock.e2e=60")
     s.add_argument("--seed", type=int, default=0, help="seed of the router's and the retries' draws (default 0)")
     s.add_argument("--no-progress", action="store_true")
 
@@ -220,10 +230,22 @@ def parse_levels(text: str) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
-def capacity_from_args(args):
+def capacity_from_args(args, trace=None):
+    """One replica's CapacityModel from --bench, --capacity, or --hf-model on the --instance's GPUs
+    (at the ``trace``'s mean request sizes)."""
     from cost.simulate.capacity import CapacityModel, load_capacity
 
     benches = args.bench if isinstance(args.bench, list) else [args.bench] if args.bench else []
+    spec_model = getattr(args, "spec_model", None)
+    if spec_model:
+        if benches or args.capacity is not None:
+            raise BadInput(f"give --hf-model {spec_model} (capacity from specs) or --capacity/--bench (measured), "
+                           "not both: each is the capacity of one replica")
+        from cost.hardware.cli import capacity_from_spec_args
+
+        sizes = ((float(trace.input_tokens.mean()), float(trace.output_tokens.mean())) if trace is not None
+                 else (None, None))
+        return capacity_from_spec_args(args, *sizes)[0]
     if len(benches) > 1:   # cost recommend's --bench is repeatable (one per level, for its tree)
         raise BadInput(f"--bench given {len(benches)} times ({', '.join(map(str, benches))}): a simulation "
                        "takes one capacity bench, for every self-hosted rung; give one")
@@ -237,7 +259,8 @@ def capacity_from_args(args):
             raise BadInput(f"--capacity {args.capacity!r} must be > 0 output tokens/s")
         return CapacityModel.from_throughput(args.capacity, f"--capacity {args.capacity:g}")
     raise BadInput("give the capacity of one replica: --bench FILE (python -m options.bench --profile capacity "
-                   "--json FILE) or --capacity OUTPUT_TOK_S")
+                   "--json FILE), --capacity OUTPUT_TOK_S, or --hf-model M (from the model's config and the "
+                   "instance's specs)")
 
 
 def command(args, table_from, eks_fixed_hourly):
@@ -253,6 +276,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
     from cost.simulate.bedrock import BedrockSettings
     from cost.simulate.rungs import Setup, Simulation, Slo
     from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, scaling_defaults
+    from cost.simulate.timeouts import describe as describe_timeouts
+    from cost.simulate.timeouts import front_doors
     from cost.traces import trace_from_args
 
     if not args.trace:
@@ -275,8 +300,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
     price.per_million(args.tier)
     instance = table.instance(args.instance)
     check_discount(args.discount)
-    capacity = capacity_from_args(args)
     trace = trace_from_args(args)
+    capacity = capacity_from_args(args, trace)
     bedrock = BedrockSettings()
     for flag, attr, scale in (("bedrock_tpm", "tpm", 1), ("bedrock_rpm", "rpm", 1),
                               ("bedrock_ttft_ms", "ttft_s", 1e-3), ("bedrock_output_tok_s", "output_tok_s", 1)):
@@ -299,6 +324,7 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
     rung6, ray_serve = rung6_autoscaling(args)
     bedrock_batch, bedrock_pt = bedrock_forms(args, levels)
     spot = spot_market(args, levels)
+    doors = front_doors(getattr(args, "timeout_s", None) or [], rung6)
     if rung6 == "ray-serve":
         extra = {} if args.replica_start_s is None else {"start_s": args.replica_start_s}
         if args.target_ongoing is not None:
@@ -314,7 +340,7 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
                   max_instances=args.max_instances, sagemaker_policy=sagemaker_policy, eks_policy=eks_policy,
                   sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed,
                   rung6_autoscaler=rung6, ray_serve=ray_serve, bedrock_batch=bedrock_batch, bedrock_pt=bedrock_pt,
-                  spot=spot)
+                  spot=spot, timeouts=doors)
     with _progress(args) as say:
         sim = Simulation(trace, setup, levels, progress=say)
         data = sim.run()
@@ -332,8 +358,8 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
         + (f", less {args.discount:g} %" if args.discount else ""),
         f"capacity of one replica: {capacity.source}",
         f"autoscaling and quota defaults from {Path(defaults['path']).name} (as of {defaults['as_of']}), each with "
-        f"its source there; SageMaker requests over {int(defaults['sagemaker']['invocation_timeout_s']['value'])} s "
-        f"time out (real-time endpoints' limit)",
+        "its source there",
+        describe_timeouts(doors, levels),
         "each replica is a continuous-batching server (FCFS queue, admission bounded by max sequences, the "
         "step's token budget and the KV cache); requests are routed " + routing_text(args),
         "Bedrock's latency is a stated assumption (TTFT + input/prompt rate + output/decode rate), not a measurement",
@@ -598,6 +624,8 @@ def render_simulation(data: dict[str, Any]) -> None:
         reps = r["replicas"]
         mark = "[green]✓[/green]" if r["meets_slo"] else "[red]✗[/red]"
         failed = f"{r['failed']:,}" + (f" ({r['throttled']:,} thr.)" if r["throttled"] else "")
+        if r["failures"].get("timed_out"):
+            failed += f" ({r['failures']['timed_out']:,} t/o)"
         table.add_row(f"{r['level']} {SHORT_NAMES[r['level']]}", f"{r['window_usd']:,.2f}", f"{r['monthly_usd']:,.0f}",
                       failed, f"{mark} {r['slo_attainment']:.1%}",
                       f"{_ms(r['ttft_ms']['p50'])} / {_ms(r['ttft_ms']['p99'])}",
@@ -622,6 +650,8 @@ def render_simulation(data: dict[str, Any]) -> None:
     console.print(f"Cheapest meeting the SLO: {'rung ' + str(cheapest) if cheapest else 'none'}"
                   + (f" as {OPTION_NAMES[form]}" if form else "")
                   + " (replicas: min/time-weighted mean/max; cold: instances launched)", highlight=False)
+    for line in closest_lines(data):
+        console.print(line, highlight=False)
     for r in data["rungs"]:
         for o in r.get("options", []):
             if "excluded" in o:
@@ -648,6 +678,26 @@ def render_simulation(data: dict[str, Any]) -> None:
     if data.get("plot"):
         console.print(f"plot: {data['plot']}", highlight=False)
     _assumptions(data.get("assumptions", []))
+
+
+def closest_lines(data: dict[str, Any]) -> list[str]:
+    """Where no rung meets the SLO: each rung's closest candidate, and whether its fleet's
+    ceiling held it back."""
+    rows = {r["level"]: r for r in data["rungs"]}
+    lines = []
+    for c in data.get("closest_to_slo") or []:
+        levels = c["levels"]
+        said = _policy_brief(rows[levels[0]])
+        if levels[0] != 1:
+            said += (f": reached {c['replicas_reached']} = its ceiling, so a higher --max-instances may meet it"
+                     if c["at_ceiling"] else f": reached {c['replicas_reached']}, below its ceiling, so more "
+                     "instances alone would not")
+        failed = ", ".join(f"{n:,} {k.replace('_', ' ')}" for k, n in c["failures"].items())
+        name = (f"rung {levels[0]}" if len(levels) == 1 else f"rungs {levels[0]}-{levels[-1]}"
+                if levels == list(range(levels[0], levels[-1] + 1)) else f"rungs {','.join(map(str, levels))}")
+        lines.append(f"  closest, {name}: {c['slo_attainment']:.1%} of requests within the SLO with {said}"
+                     + (f" (failed: {failed})" if failed else ""))
+    return lines
 
 
 def render_prediction(data: dict[str, Any]) -> None:

@@ -8,17 +8,25 @@ policy's evaluations on its own period, instances that finish starting, instance
 Replicas are advanced lazily: one that gets no request is not touched until the policy looks at
 every replica (its evaluation period) or a least-outstanding router needs its count. Their
 completions are exact whenever they are computed, since each replica's steps depend only on it.
+
+A rung's front door (``timeouts.FrontDoor``) fails a request whose first or last token comes
+past its limits as TIMED_OUT. Where the platform cancels it, the replica drops it
+(``replica.Cancellation``); where it does not (SageMaker), the engine finishes it and only its
+status changes: the capacity stays spent.
 """
 from __future__ import annotations
 
 import heapq
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from cost.simulate.replica import BatchingReplica
+from cost.simulate.replica import BatchingReplica, Cancellation
+
+if TYPE_CHECKING:
+    from cost.simulate.timeouts import FrontDoor
 
 # A request's outcome, in the fleet's status array.
 SERVED, NO_CAPACITY, TIMED_OUT, UNFINISHED = 0, 1, 2, 3
@@ -80,7 +88,7 @@ class FleetRun:
 
 def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
               capacity, policy, *, span_s: float, routing: str = "random", seed: int = 0,
-              timeout_s: float | None = None, interruption_notice: Callable[[int, float], float] | None = None,
+              front_door: FrontDoor | None = None, interruption_notice: Callable[[int, float], float] | None = None,
               notice_s: float = 120.0, on_progress: Callable[[int], None] | None = None) -> FleetRun:
     """Serve the arrivals on a fleet that ``policy`` sizes; every request's times and status.
 
@@ -93,10 +101,14 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     time (inf: none). At the notice the node takes no more requests and a replacement launches;
     ``notice_s`` later it is reclaimed, and what it still holds fails as INTERRUPTED
     (``spot.py`` says why they are not re-queued).
+
+    ``front_door`` (a ``timeouts.FrontDoor``, None: no limits) times requests out; one held for
+    a first replica past its deadline is dropped there (its client left before any engine saw it).
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
     n = len(arrival_s)
+    arrivals = arrival_s.tolist()
     inputs = input_tokens.tolist()
     outputs = output_tokens.tolist()
     first = np.full(n, np.nan)
@@ -108,6 +120,18 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     def on_finish(request: int, t_first: float, t_last: float) -> None:
         first_list[request] = t_first
         finish_list[request] = t_last
+
+    # What the client sees besides engine steps (HTTP, tokenising) is added to both times.
+    overhead = getattr(capacity, "request_overhead_s", 0.0)
+    aborted_at: dict[int, float] = {}       # request -> when its engine (or the hold) dropped it
+    cancel, held_limit = None, math.inf
+    if front_door is not None:
+        limits = [v for v in (front_door.ttft_s, front_door.e2e_s) if v is not None]
+        held_limit = min(limits) if limits else math.inf
+        if front_door.engine_stops != "no" and limits:
+            engine_time = lambda v: None if v is None else v - overhead  # noqa: E731
+            cancel = Cancellation(arrivals, engine_time(front_door.ttft_s), engine_time(front_door.e2e_s),
+                                  front_door.engine_stops == "at_next_step", aborted_at.__setitem__)
 
     instances: list[Instance] = []
     serving: list[BatchingReplica] = []
@@ -168,15 +192,24 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     def bring_up(upto: float) -> None:
         while starting and starting[0].ready_s <= upto:
             inst = starting.pop(0)
-            inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s)
+            inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s, cancel)
             node_index[id(inst.replica)] = instances.index(inst)
             serving.append(inst.replica)
             record(inst.ready_s)
+            drop_held(inst.ready_s)
             while held:             # requests that waited for a first replica go to it
                 r = held.pop(0)
                 node_of[r] = node_index[id(inst.replica)]
                 inst.replica.advance_to(inst.ready_s)
                 inst.replica.arrive(r, inst.ready_s)
+
+    def drop_held(now: float) -> None:
+        if held and held_limit < math.inf:
+            keep = [r for r in held if arrivals[r] + held_limit >= now]
+            for r in held:
+                if arrivals[r] + held_limit < now:
+                    aborted_at[r] = arrivals[r] + held_limit
+            held[:] = keep
 
     def remove(now: float, count: int) -> None:
         # Newest first, as SageMaker and Kubernetes both prefer; still-starting ones go first.
@@ -204,12 +237,12 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     next_eval = period
     last_eval = 0.0
     arrived = refused = 0
-    arrivals = arrival_s.tolist()
     progress_every = max(1, n // 100)
 
     def evaluate(now: float) -> None:
         nonlocal arrived, refused, last_eval
         bring_up(now)
+        drop_held(now)
         for rep in serving:
             rep.advance_to(now)
         state = FleetState(now, len(serving), len(starting), arrived, now - last_eval,
@@ -277,17 +310,19 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
             rep.advance_to(math.inf)
     record(span_s)
 
-    # What the client sees besides engine steps (HTTP, tokenising) is added to both times.
-    overhead = getattr(capacity, "request_overhead_s", 0.0)
     first[:] = first_list
     finish[:] = finish_list
     first += overhead
     finish += overhead
     done = ~np.isnan(finish)
     status[done] = SERVED
-    if timeout_s is not None:
-        status[done & (finish - arrival_s > timeout_s)] = TIMED_OUT
+    if front_door is not None:
+        status[done & front_door.late(arrival_s, first, finish)] = TIMED_OUT
+    if aborted_at:
+        status[np.fromiter(aborted_at, dtype=np.int64, count=len(aborted_at))] = TIMED_OUT
     for i, node in (enumerate(node_of) if reclaimed_at else ()):
+        if i in aborted_at and aborted_at[i] <= reclaimed_at.get(node, -math.inf):
+            continue                         # its client had gone before EC2 took the node
         if node in reclaimed_at and not finish_list[i] <= reclaimed_at[node]:
             status[i] = INTERRUPTED          # still queued or running when EC2 took the node back
             first[i] = finish[i] = math.nan

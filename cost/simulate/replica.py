@@ -16,16 +16,42 @@ running set (an admission, a prompt finished, a completion) decode steps differ 
 cache, which grows by one token per sequence per step, so k steps take ``k·T₀ + c·n·k(k−1)/2``:
 the replica jumps from change to change in closed form, and its cost grows with requests, not
 with tokens. Steps that carry prompt chunks are taken one at a time.
+
+A request whose client gave up (``Cancellation``: the rung's front-door timeouts) is dropped at
+a step boundary, as vLLM aborts a request between steps: its queue place, batch slot, KV cache
+and reserve are freed. Each deadline is one more change the replica stops at (the first step
+boundary at or after it), so a jump never runs past a request that should have left.
 """
 from __future__ import annotations
 
 import heapq
 import math
 from collections import deque
+from dataclasses import dataclass
 from typing import Callable
 
 # Outcome of each request, kept in the fleet's arrays: what a finished request reports.
 Finished = Callable[[int, float, float], None]       # (request index, first token time, last token time)
+TTFT_DEADLINE, E2E_DEADLINE = 0, 1
+
+
+@dataclass(frozen=True)
+class Cancellation:
+    """When the engine drops a timed-out request. Limits are engine time from arrival (the
+    client's limit less what it sees besides steps). ``drops_waiting``: a request still waiting
+    for its first token is dropped at its deadline (Ray Serve cancels it wherever it is); else
+    when its first token is ready (the plain server notices the client gone when it writes),
+    so its queue wait and prefill are spent first."""
+    arrivals: list[float]
+    ttft_s: float | None
+    e2e_s: float | None
+    drops_waiting: bool
+    on_abort: Callable[[int, float], None]      # (request, time dropped)
+
+    def first_deadline(self, request: int) -> float:
+        """When a request without its first token has timed out (inf: never)."""
+        limits = [v for v in (self.ttft_s, self.e2e_s) if v is not None]
+        return self.arrivals[request] + min(limits) if limits else math.inf
 
 
 class BatchingReplica:
@@ -34,13 +60,16 @@ class BatchingReplica:
     __slots__ = ("clock", "step", "decoding", "kv", "reserved", "queue", "prefilling", "plan", "plan_s",
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
-                 "busy_s")
+                 "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled")
 
-    def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0) -> None:
+    def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
+                 cancel: Cancellation | None = None) -> None:
         self.base_s = capacity.step_base_s
         self.per_seq_s = capacity.step_per_seq_s
         self.per_kv_s = capacity.step_per_kv_token_s
         self.per_prefill_s = capacity.prefill_per_token_s
+        # The matmul roofline of a model built from specs; None for a bench fit (all linear).
+        self.gemm_s = capacity.gemm_s if capacity.gemm_s(1) else None
         self.max_seqs = capacity.max_num_seqs
         self.budget = capacity.max_num_batched_tokens
         self.kv_capacity = capacity.kv_cache_tokens
@@ -59,6 +88,10 @@ class BatchingReplica:
         self.first_token_at: dict[int, float] = {}       # request -> time of its first token
         self.decode_started: dict[int, int] = {}         # request -> step count when its prompt was done
         self.busy_s = 0.0           # time spent running steps (for utilisation)
+        self.cancel = cancel
+        self.deadlines: list[tuple[float, int, int]] = []    # (time, request, TTFT_/E2E_DEADLINE)
+        self.waiting_first: set[int] = set()     # queued or prefilling (kept only with ``cancel``)
+        self.cancelled: set[int] = set()         # dropped while decoding: their finish_heap entries are void
 
     # --- what the fleet asks -------------------------------------------------------------------
 
@@ -79,6 +112,15 @@ class BatchingReplica:
     def arrive(self, request: int, now: float) -> None:
         """A request reaches this replica at ``now`` (the caller has advanced it to ``now``)."""
         self.queue.append(request)
+        if self.cancel is not None:
+            self.waiting_first.add(request)
+            if self.cancel.drops_waiting:
+                first = self.cancel.first_deadline(request)
+                if first < math.inf:
+                    heapq.heappush(self.deadlines, (first, request, TTFT_DEADLINE))
+                if self.cancel.e2e_s is not None:
+                    heapq.heappush(self.deadlines, (self.cancel.arrivals[request] + self.cancel.e2e_s, request,
+                                                    E2E_DEADLINE))
         if not self.decoding and not self.prefilling:
             # An idle engine starts a step as soon as work arrives.
             self.clock = max(self.clock, now)
@@ -94,6 +136,11 @@ class BatchingReplica:
         while self.decoding or self.prefilling:
             k = self._steps_to_change()
             span = self._steps_s(k)
+            if self.deadlines:
+                due = self._next_deadline()
+                if due < self.clock + span:         # stop at the first boundary at or after it
+                    k = self._steps_reaching(due, k)
+                    span = self._steps_s(k)
             if self.clock + span > t:
                 if not self.plan:
                     k = self._steps_fitting(t - self.clock)
@@ -102,7 +149,16 @@ class BatchingReplica:
                 return
             self._run_steps(k, span)
             self._complete()
+            if self.deadlines:
+                self._expire()
             self._schedule()
+
+    def next_boundary_s(self) -> float:
+        """When the running set next changes (a prompt finishes, a request completes or may be
+        admitted): the time a closed-loop client next sees an answer. Infinite when idle."""
+        if not (self.decoding or self.prefilling):
+            return math.inf
+        return self.clock + self._steps_s(self._steps_to_change())
 
     # --- the engine ----------------------------------------------------------------------------
 
@@ -117,7 +173,8 @@ class BatchingReplica:
         return self.budget - self.decoding
 
     def _steady_step_s(self) -> float:
-        return self.base_s + self.per_seq_s * self.decoding + self.per_kv_s * self.kv
+        step = self.base_s + self.per_seq_s * self.decoding + self.per_kv_s * self.kv
+        return step + self.gemm_s(self.decoding) if self.gemm_s else step
 
     def _steps_s(self, k: int) -> float:
         """Length of the next ``k`` steps: the KV cache grows by one token a decoding sequence a step."""
@@ -141,6 +198,15 @@ class BatchingReplica:
             k -= 1
         return k
 
+    def _steps_reaching(self, due: float, k: int) -> int:
+        """Steps (1..k) to the first boundary at or after ``due``."""
+        if self.plan:
+            return 1
+        n = self._steps_fitting(due - self.clock) if due > self.clock else 0
+        if n == 0 or self.clock + self._steps_s(n) < due:
+            n += 1
+        return min(n, k)
+
     def _run_steps(self, k: int, span: float) -> None:
         end = self.clock + span
         self.kv += self.decoding * k
@@ -155,6 +221,8 @@ class BatchingReplica:
             if entry[1] >= self.inputs[request]:
                 # Its prompt is done: the step's end gives its first token, then it decodes.
                 self.prefilling.remove(entry)
+                if self.cancel is not None and not self._keeps(request, end):
+                    continue
                 self.first_token_at[request] = end
                 self.decoding += 1
                 self.kv += self.inputs[request] + 1
@@ -166,6 +234,9 @@ class BatchingReplica:
         heap = self.finish_heap
         while heap and heap[0][0] <= self.step:
             _, request = heapq.heappop(heap)
+            if self.cancelled and request in self.cancelled:
+                self.cancelled.discard(request)
+                continue
             self.decoding -= 1
             prompt = self.inputs[request]
             self.kv -= prompt + 1 + self.step - self.decode_started.pop(request)
@@ -204,3 +275,61 @@ class BatchingReplica:
             held = sum(entry[1] + chunk for entry, chunk in plan)
             self.plan_s = (self.base_s + self.per_seq_s * (self.decoding + len(plan))
                            + self.per_kv_s * (self.kv + held) + self.per_prefill_s * prefill)
+            if self.gemm_s:
+                self.plan_s += self.gemm_s(self.decoding + len(plan) + prefill)
+
+    # --- timed-out requests (only with ``cancel``) ------------------------------------------------
+
+    def _keeps(self, request: int, end: float) -> bool:
+        """A prompt done at ``end``: False (dropped, its reserve freed) when its client had gone
+        by then; else it decodes, with its E2E deadline watched from now on."""
+        cancel = self.cancel
+        self.waiting_first.discard(request)
+        if end > cancel.first_deadline(request):
+            self.reserved -= self.inputs[request] + self.outputs[request]
+            cancel.on_abort(request, end)
+            return False
+        if cancel.e2e_s is not None and not cancel.drops_waiting:
+            heapq.heappush(self.deadlines, (cancel.arrivals[request] + cancel.e2e_s, request, E2E_DEADLINE))
+        return True
+
+    def _live(self, request: int, kind: int) -> bool:
+        """Whether a deadline still applies: a TTFT one while the request has no first token,
+        an E2E one while it is anywhere in the engine."""
+        return request in self.waiting_first or (kind == E2E_DEADLINE and request in self.decode_started)
+
+    def _next_deadline(self) -> float:
+        heap = self.deadlines
+        while heap and not self._live(heap[0][1], heap[0][2]):
+            heapq.heappop(heap)
+        return heap[0][0] if heap else math.inf
+
+    def _expire(self) -> None:
+        """At a step boundary: drop every request whose deadline has passed."""
+        heap = self.deadlines
+        while heap and heap[0][0] <= self.clock:
+            _, request, kind = heapq.heappop(heap)
+            if self._live(request, kind):
+                self._drop(request)
+        while self.finish_heap and self.finish_heap[0][1] in self.cancelled:
+            self.cancelled.discard(heapq.heappop(self.finish_heap)[1])
+
+    def _drop(self, request: int) -> None:
+        prompt, answer = self.inputs[request], self.outputs[request]
+        if request in self.decode_started:
+            self.decoding -= 1
+            self.kv -= prompt + 1 + self.step - self.decode_started.pop(request)
+            self.reserved -= prompt + answer
+            del self.first_token_at[request]
+            self.cancelled.add(request)
+        else:
+            self.waiting_first.discard(request)
+            entry = next((e for e in self.prefilling if e[0] == request), None)
+            if entry is not None:
+                self.prefilling.remove(entry)
+                self.reserved -= prompt + answer
+            elif self.queue[0] == request:
+                self.queue.popleft()
+            else:
+                self.queue.remove(request)
+        self.cancel.on_abort(request, self.clock)

@@ -13,7 +13,13 @@ spot (``--spot``) replaces its on-demand nodes in the one rung-6 row.
 
 The recommended policy is the least costly candidate that meets the SLO. Candidates are ordered
 from the most economical target to the most cautious; attainment falls as the target rises, so
-a bisection finds the boundary in a few full simulations instead of one per candidate.
+a bisection finds the boundary in a few full simulations instead of one per candidate. Where no
+rung meets the SLO, ``closest_to_slo`` gives each rung's best candidate (its setting, the
+replicas it reached against its ceiling, its attainment), and so whether a higher ceiling
+could help.
+
+Every rung has its front door's timeouts (``timeouts.py``): a request past them is failed as
+``timed_out``, and on rung 1 still billed.
 
 ``break_even_scale``: the ``--scale`` at which a self-hosted rung's bill equals Bedrock's. Both
 sides are priced at scales other than the trace's own without re-simulating every request:
@@ -37,6 +43,7 @@ from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThrough
 from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
 from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
 from cost.simulate.spot import SpotMarket
+from cost.simulate.timeouts import FrontDoor, default_front_doors, door_of
 from options.core import BadInput
 from options.core.autoscaling import SAGEMAKER_METRIC_NAMES
 
@@ -119,6 +126,7 @@ class Setup:
     bedrock_batch: bool = False                          # also simulate rung 1 as batch inference
     bedrock_pt: ProvisionedThroughput | None = None      # also simulate rung 1 on Provisioned Throughput
     spot: SpotMarket | None = None   # rung 6's GPU nodes on EC2 Spot instead of on-demand
+    timeouts: dict[str, FrontDoor] | None = None   # "bedrock"/"sagemaker"/"eks" -> limits; None: the defaults
 
 
 def percentiles_ms(values_s: np.ndarray, qs=(50, 99)) -> dict[str, float | None]:
@@ -157,6 +165,7 @@ class Simulation:
         self._per_minute: np.ndarray | None = None
         self._scale_costs: dict[tuple[Any, float], float] = {}   # (simulation key, scale) -> window USD
         self.runs: dict[int, Any] = {}           # level -> the run behind its row (for the plot)
+        self.doors = setup.timeouts or default_front_doors(setup.rung6_autoscaler)
 
     # --- the shape of the traffic, for candidate targets and fleet limits ---------------------
 
@@ -192,10 +201,10 @@ class Simulation:
         if key in self._cache:
             return self._cache[key]
         cap = self.setup.capacity[level]
-        timeout = default("sagemaker", "invocation_timeout_s") if level != EKS_LEVEL else None
+        door = self.doors[door_of(level)]
         spot = self.setup.spot if level == EKS_LEVEL else None
         run = run_fleet(self.arrival, self.inputs, self.outputs, cap, policy, span_s=self.span_s,
-                        routing=self.routing_for(level), seed=self.setup.seed, timeout_s=timeout,
+                        routing=self.routing_for(level), seed=self.setup.seed, front_door=door,
                         interruption_notice=spot.notices(self.setup.seed) if spot else None,
                         notice_s=spot.notice_s if spot else 0.0)
         if level == EKS_LEVEL:
@@ -228,6 +237,7 @@ class Simulation:
             "cold_starts": sum(1 for i in run.instances if i.launched_s > 0),
             "idle_share": round(max(0.0, 1 - busy / serving_s), 4) if serving_s > 0 else None,
             "instance_hours": round(seconds / 3600, 4),
+            "timeout": door.to_json(),
             "policy": {**policy.to_json(), **({"spot": spot.to_json()} if spot else {})},
             **({"spot_interruptions": {"notices": len(run.interruptions),
                                        "requests_failed": int((run.status == INTERRUPTED).sum()),
@@ -314,25 +324,29 @@ class Simulation:
     # --- rung 1 -------------------------------------------------------------------------------
 
     def bedrock_outcomes(self, run) -> dict[str, Any]:
-        """What a rung-1 run served, throttled and failed, and its latency against the SLO."""
+        """What a rung-1 run served, throttled and failed, and its latency against the SLO. A
+        timed-out request is billed where the front door says Bedrock bills it."""
         served = run.status == SERVED
-        failed = run.status == THROTTLED
+        throttled, timed_out = run.status == THROTTLED, run.status == TIMED_OUT
+        billed = served | timed_out if self.doors["bedrock"].billed else served
         met = self.setup.slo.met(self.arrival, run.first_token_s, run.finish_s, run.status)
         return {
             "served": int(served.sum()),
             "throttled": int(run.throttled_requests),
-            "failed": int(failed.sum()),
-            "failures": {"throttled_after_retries": int(failed.sum())} if failed.any() else {},
+            "failed": int((~served).sum()),
+            "failures": {name: int(mask.sum()) for name, mask in
+                         (("throttled_after_retries", throttled), ("timed_out", timed_out)) if mask.any()},
             "throttle_events": int(run.throttle_events),
-            "billed_input_tokens": int(self.inputs[served].sum()),
-            "billed_output_tokens": int(self.outputs[served].sum()),
+            "billed_input_tokens": int(self.inputs[billed].sum()),
+            "billed_output_tokens": int(self.outputs[billed].sum()),
             "slo_attainment": round(float(met.mean()), 5),
             "ttft_ms": percentiles_ms(np.where(served, run.first_token_s - self.arrival, np.nan)),
             "e2e_ms": percentiles_ms(np.where(served, run.finish_s - self.arrival, np.nan)),
         }
 
     def bedrock_row(self) -> dict[str, Any]:
-        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed)
+        run = simulate_bedrock(self.arrival, self.inputs, self.outputs, self.setup.bedrock, self.setup.seed,
+                               self.doors["bedrock"])
         self.runs[1] = run
         p_in, p_out = self.setup.price.per_million(self.setup.tier)
         outcomes = self.bedrock_outcomes(run)
@@ -343,6 +357,7 @@ class Simulation:
             "replicas": None,
             "cold_starts": 0,
             "idle_share": None,
+            "timeout": self.doors["bedrock"].to_json(),
             "policy": {**self.setup.bedrock.to_json(), "tier": self.setup.tier,
                        "input_per_million": p_in, "output_per_million": p_out},
         }
@@ -397,7 +412,7 @@ class Simulation:
         def attainment(units: int) -> float:
             if units not in runs:
                 runs[units] = pt.run(self.arrival, self.inputs, self.outputs, self.setup.bedrock, units,
-                                     self.setup.seed)
+                                     self.setup.seed, self.doors["bedrock"])
             met = self.setup.slo.met(self.arrival, runs[units].first_token_s, runs[units].finish_s,
                                      runs[units].status)
             return float(met.mean())
@@ -460,6 +475,7 @@ class Simulation:
             "slo": self.setup.slo.to_json(),
             "rungs": out,
             "cheapest_meeting_slo": cheapest,
+            "closest_to_slo": None if cheapest else self.closest(out),
             **({"cheapest_bedrock_form": form} if options else {}),
             **({"rung6_autoscaler": self.setup.rung6_autoscaler} if EKS_LEVEL in rows else {}),
             **({"ray_serve_autoscaling_config": rows[EKS_LEVEL]["policy"]["autoscaling_config"]}
@@ -468,6 +484,33 @@ class Simulation:
             "extrapolation": f"monthly_usd = window_usd x {factor:,.1f}: the trace's {self.span_s:,.0f} s "
                              f"repeated through a {HOURS_PER_MONTH}-hour month",
         }
+
+    @staticmethod
+    def closest(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """Where no rung meets the SLO: each rung's candidate closest to it, best first (ties: the
+        cheaper), rungs that shared a simulation (2-5) as one. For a fleet, its setting and the
+        replicas it reached against its ceiling: one that reached it may meet the SLO with a
+        higher ceiling; one that did not is held back by what more instances do not change
+        (start time, timeouts, long requests)."""
+        out: list[dict[str, Any]] = []
+        for r in sorted(rows, key=lambda r: (-r["slo_attainment"], r["monthly_usd"], r["level"])):
+            p = r["policy"]
+            entry: dict[str, Any] = {"levels": [r["level"]], "slo_attainment": r["slo_attainment"],
+                                     "monthly_usd": r["monthly_usd"], "failures": r["failures"]}
+            if r["level"] == 1:
+                entry["setting"] = {"tpm": p.get("tpm"), "rpm": p.get("rpm")}
+            else:
+                ceiling = p.get("max_instances", p.get("max_replicas"))
+                entry["setting"] = {"metric": p.get("metric"), "target": p.get("target"),
+                                    "min": p.get("min_instances", p.get("min_replicas")), "max": ceiling}
+                entry["replicas_reached"] = r["replicas"]["max"]
+                entry["at_ceiling"] = r["replicas"]["max"] >= ceiling
+            same = out and {**out[-1], "levels": None} == {**entry, "levels": None}
+            if same and 1 not in out[-1]["levels"] + entry["levels"]:
+                out[-1]["levels"].append(r["level"])
+            else:
+                out.append(entry)
+        return out
 
     @staticmethod
     def cheapest(rows: list[dict[str, Any]], options: list[dict[str, Any]], factor: float):

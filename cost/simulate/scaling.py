@@ -37,13 +37,18 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 SAGEMAKER_METRICS = ("invocations", "concurrency")
 
 
-@lru_cache(maxsize=1)
-def scaling_defaults() -> dict[str, Any]:
-    """The newest dated defaults file: {section: {name: {"value", "source"}}, "as_of": date}."""
-    newest = sorted(DATA.glob("scaling-*.json"))[-1]
+@lru_cache(maxsize=None)
+def dated_defaults(kind: str) -> dict[str, Any]:
+    """The newest dated file ``cost/data/KIND-*.json``: {section: {name: {"value", "source"}},
+    "as_of": date, "path": where}."""
+    newest = sorted(DATA.glob(f"{kind}-*.json"))[-1]
     doc = json.loads(newest.read_text())
     doc["path"] = str(newest)
     return doc
+
+
+def scaling_defaults() -> dict[str, Any]:
+    return dated_defaults("scaling")
 
 
 def default(section: str, name: str):

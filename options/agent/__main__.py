@@ -29,11 +29,11 @@ from options.core import BadInput, exit_code
 EXAMPLES = __doc__.split("\n\n")[1]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m options.agent") -> argparse.ArgumentParser:
     from options.agent.actions import ACTIONS, DEFAULT_PLAN
     from options.core.wire import DIALECTS
 
-    p = argparse.ArgumentParser(prog="python -m options.agent", description=__doc__.split("\n")[0],
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
                                 epilog="examples:\n" + EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--level", type=int, required=True, help="the rung (1-6) the agent's calls go to")
     p.add_argument("--target", choices=("local", "emulator", "aws"), default="local")
@@ -68,8 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m options.agent") -> int:
+    args = build_parser(prog).parse_args(argv)
     from rich.console import Console
 
     console = Console(stderr=args.json, highlight=False)

@@ -30,8 +30,8 @@ PROFILES = ("requests", "agent", "capacity")
 TARGETS = ("local", "emulator", "aws")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m options.bench", description=__doc__.split("\n")[0],
+def build_parser(prog: str = "python -m options.bench") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0],
                                 epilog="examples:\n" + EXAMPLES,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_argument_group("what to measure")
@@ -276,8 +276,8 @@ def request_model(args: argparse.Namespace) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "python -m options.bench") -> int:
+    args = build_parser(prog).parse_args(argv)
     from rich.console import Console
 
     console = Console(stderr=args.json == "-")     # stdout belongs to the JSON then

@@ -4,7 +4,6 @@ and bill; and the CLI's answers and refusals."""
 from __future__ import annotations
 
 import json
-import math
 import random
 
 import numpy as np
@@ -15,6 +14,7 @@ from cost.simulate.capacity import CapacityModel
 from cost.simulate.fleet import NO_CAPACITY, SERVED, run_fleet
 from cost.simulate.scaling import Fixed, QueueDepth, TargetTracking
 from cost.traces import AZURE_CONV_TRACE
+from engine_reference import step_by_step
 
 
 def capacity(**overrides) -> CapacityModel:
@@ -68,57 +68,6 @@ def test_a_request_arriving_mid_step_joins_at_the_next_boundary():
     assert ttft[1] == pytest.approx(0.13 + 0.01 + 10 * 0.001 - 0.125)
 
 
-def reference_stepper(cap, arrivals, inputs, outputs):
-    """A step-by-step engine with the capacity model's rules (decode tokens first, then prompt
-    chunks in arrival order within the token budget): the differential reference for
-    BatchingReplica's closed-form jumps, where KV growth makes every step a little longer."""
-    n = len(arrivals)
-    first, last = [math.nan] * n, [math.nan] * n
-    queue, prefilling, decoding = [], {}, {}      # prefilling: request -> prompt tokens done
-    context = {}                                  # decoding request -> tokens it holds
-    t, i = 0.0, 0
-    while i < n or queue or prefilling or decoding:
-        if not (queue or prefilling or decoding):
-            t = max(t, arrivals[i])
-        while i < n and arrivals[i] <= t:
-            queue.append(i)
-            i += 1
-        room = cap.max_num_batched_tokens - len(decoding)
-        chunks = {}
-        for r in prefilling:
-            if room <= 0:
-                break
-            chunks[r] = min(inputs[r] - prefilling[r], room)
-            room -= chunks[r]
-        while room > 0 and queue and len(decoding) + len(prefilling) < cap.max_num_seqs:
-            r = queue.pop(0)
-            prefilling[r] = 0
-            chunks[r] = min(inputs[r], room)
-            room -= chunks[r]
-        if not chunks and not decoding:
-            t = arrivals[i]
-            continue
-        kv = sum(context.values()) + sum(prefilling[r] + c for r, c in chunks.items())
-        t += cap.step_s(len(decoding) + len(chunks), kv, sum(chunks.values()))
-        for r in list(decoding):
-            context[r] += 1
-            decoding[r] -= 1
-            if decoding[r] == 0:
-                last[r] = t
-                del decoding[r], context[r]
-        for r, c in chunks.items():
-            prefilling[r] += c
-            if prefilling[r] >= inputs[r]:
-                del prefilling[r]
-                first[r] = t
-                if outputs[r] <= 1:
-                    last[r] = t
-                else:
-                    decoding[r] = outputs[r] - 1
-                    context[r] = inputs[r] + 1
-    return np.array(first), np.array(last)
-
-
 def test_power_of_two_sends_each_request_to_the_less_busy_of_two_drawn_replicas():
     cap = capacity(step_base_s=0.02, max_num_seqs=4)
     rng = random.Random(3)
@@ -163,7 +112,7 @@ def test_closed_form_jumps_match_a_step_by_step_engine():
     arrivals[10] = arrivals[11]                   # two at the same instant share a step
     inputs = [rng.randint(0, 700) for _ in arrivals]
     outputs = [rng.randint(1, 60) for _ in arrivals]
-    ref_first, ref_last = reference_stepper(cap, arrivals, inputs, outputs)
+    ref_first, ref_last, _ = step_by_step(cap, arrivals, inputs, outputs)
     run, _, _ = serve(cap, arrivals, inputs, outputs)
     assert run.first_token_s == pytest.approx(ref_first, rel=1e-9, abs=1e-9)
     assert run.finish_s == pytest.approx(ref_last, rel=1e-9, abs=1e-9)

@@ -171,8 +171,8 @@ async def run(args) -> int:
         await store.close()
 
 
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="admin", description="API keys and usage of Spectrum's gateway")
+def parser(prog: str = "admin") -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog, description="API keys and usage of Spectrum's gateway")
     p.add_argument("--config", default="gateway.yaml")
     sub = p.add_subparsers(dest="command", required=True)
     keys = sub.add_parser("keys", help="create, list or revoke API keys")
@@ -193,8 +193,8 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str]) -> int:
-    args = parser().parse_args(argv)
+def main(argv: list[str], prog: str = "admin") -> int:
+    args = parser(prog).parse_args(argv)
     try:
         return asyncio.run(run(args))
     except (ConfigError, BadInput) as e:

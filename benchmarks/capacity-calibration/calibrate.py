@@ -1,0 +1,175 @@
+"""Fit the capacity model's efficiencies on the public measurements in points.json, and write them.
+
+    python benchmarks/capacity-calibration/calibrate.py            # fit, print the table
+    python benchmarks/capacity-calibration/calibrate.py --write    # ... and write cost/hardware/data/efficiency-<date>.json
+    python benchmarks/capacity-calibration/calibrate.py --loo      # leave each source out in turn: honest errors
+
+What is fitted (every other figure is a spec or a stated prior): per GPU family with points
+(hopper, ampere, ada) the achieved share of peak bandwidth and of dense matmul FLOP/s; shared by
+all, the fixed costs per layer, step, sequence and request, the PCIe all-reduce latency and the
+weight-only kernels' matmul rate. Blackwell has no public vLLM point here and borrows Hopper's.
+The loss is the sum of squared log errors (a 2x miss weighs the same either way), bounded to
+physical ranges. scipy's least_squares, bounded trust region.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cost.hardware.calibration import errors  # noqa: E402
+from cost.hardware.roofline import DATA, Efficiency, efficiency_table  # noqa: E402
+
+FAMILIES = ("hopper", "ampere", "ada")
+# name, low, high, prior (the start too), prior's spread in log units. The priors keep a fit
+# on a few dozen figures physical: a bandwidth share near what decode kernels reach (FACTS §13's
+# ~77 % on an A100 at c=1, ~0.8-0.9 in AIConfigurator's roofline), matmuls near the 26-47 % of
+# peak FACTS §13 reads off Hopper prefills (prefill includes attention and gaps: the GEMMs
+# alone run higher), fixed costs of the order BLIS fits (~50 µs a layer with the all-reduce).
+PARAMETERS = ([(f"{f}.bandwidth", 0.4, 1.0, 0.85, 0.1) for f in FAMILIES]
+              + [(f"{f}.gemm", 0.15, 0.9, 0.55, 0.3) for f in FAMILIES]
+              + [("layer_s", 1e-7, 2e-4, 2e-5, 1.0), ("step_s", 1e-6, 5e-3, 5e-4, 1.0),
+                 ("seq_s", 1e-7, 3e-4, 2e-5, 1.0), ("request_s", 1e-5, 0.05, 5e-3, 1.0),
+                 ("allreduce_pcie_s", 5e-6, 5e-4, 3e-5, 1.0), ("weight_only_gemm", 0.2, 1.0, 0.6, 0.3),
+                 ("moe_gemm", 0.05, 1.0, 0.5, 0.5), ("kv_bandwidth", 0.2, 1.0, 0.7, 0.3)])
+PRIORS = {"attention_of_gemm": 0.7, "link": 0.7, "allreduce_nvlink_s": 8e-6}
+
+
+def efficiencies(values: dict[str, float], source: str = "fit") -> dict[str, Efficiency]:
+    out = {}
+    for family in FAMILIES + ("blackwell",):
+        base = "hopper" if family == "blackwell" else family
+        gemm = values[f"{base}.gemm"]
+        out[family] = Efficiency(family=family, bandwidth=values[f"{base}.bandwidth"], gemm=gemm,
+                                 attention=gemm * PRIORS["attention_of_gemm"],
+                                 weight_only_gemm=values["weight_only_gemm"], moe_gemm=values["moe_gemm"],
+                                 kv_bandwidth=values["kv_bandwidth"], layer_s=values["layer_s"],
+                                 step_s=values["step_s"], seq_s=values["seq_s"], request_s=values["request_s"],
+                                 allreduce_s={"nvlink": PRIORS["allreduce_nvlink_s"],
+                                              "pcie": values["allreduce_pcie_s"]},
+                                 link=PRIORS["link"], source=source)
+    return out
+
+
+def fitted(points) -> list[dict]:
+    """The points the fit sees: all but those marked ``"fit": false`` (each says why)."""
+    return [p for p in points if p.get("fit", True)]
+
+
+def residuals(x, points, means) -> np.ndarray:
+    """Log errors of every figure, then each parameter's log distance from its prior over its
+    spread (a maximum a posteriori fit: the data move a parameter as far as they agree to)."""
+    values = {name: v for (name, *_), v in zip(PARAMETERS, x)}
+    effs = efficiencies(values)
+    rows = errors(points, means, efficiency_for=effs.__getitem__)
+    data = [math.log(max(1e-6, 1 + r["error"])) for r in rows]
+    prior = [math.log(v / p[3]) / p[4] for p, v in zip(PARAMETERS, x)]
+    return np.array(data + prior)
+
+
+def fit(points, means) -> dict[str, float]:
+    """Bounded least squares in log-parameter space (fixed costs span decades)."""
+    from scipy.optimize import least_squares
+
+    low = np.log([p[1] for p in PARAMETERS])
+    high = np.log([p[2] for p in PARAMETERS])
+    start = np.log([p[3] for p in PARAMETERS])
+    result = least_squares(lambda z: residuals(np.exp(z), fitted(points), means), start,
+                           bounds=(low, high), diff_step=1e-2, max_nfev=400)
+    print(f"least_squares: {result.message} ({result.nfev} evaluations, cost {result.cost:.4g})", flush=True)
+    return {name: float(v) for (name, *_), v in zip(PARAMETERS, np.exp(result.x))}
+
+
+def table(rows) -> str:
+    lines = ["| point | GPU | metric | measured | predicted | error |", "|---|---|---|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['id']} | {r['gpu']} | {r['metric']} | {r['measured']:,.4g} | {r['predicted']:,.4g} | "
+                     f"{r['error'] * 100:+.1f} % |")
+    return "\n".join(lines)
+
+
+def median_abs(rows) -> float:
+    return float(np.median([abs(r["error"]) for r in rows])) if rows else math.nan
+
+
+def write_table(values: dict[str, float], points) -> Path:
+    today = datetime.date.today().isoformat()
+    ids = ", ".join(p["id"] for p in points)
+    doc = {"schema": "spectrum.efficiency/1", "as_of": today,
+           "note": "Fitted by benchmarks/capacity-calibration/calibrate.py on the public vLLM measurements in "
+                   "benchmarks/capacity-calibration/points.json (FACTS §13); none of the held-out sets.",
+           "families": {f: {"bandwidth": round(values[f"{f}.bandwidth"], 4), "gemm": round(values[f"{f}.gemm"], 4),
+                            "source": f"fitted on the {f} points of points.json: "
+                                      + ", ".join(p["id"] for p in points if _family(p) == f)}
+                        for f in FAMILIES},
+           "shared": {"attention_of_gemm": PRIORS["attention_of_gemm"],
+                      "weight_only_gemm": round(values["weight_only_gemm"], 4),
+                      "moe_gemm": round(values["moe_gemm"], 4), "kv_bandwidth": round(values["kv_bandwidth"], 4),
+                      "layer_s": float(f"{values['layer_s']:.4g}"), "step_s": float(f"{values['step_s']:.4g}"),
+                      "seq_s": float(f"{values['seq_s']:.4g}"), "request_s": float(f"{values['request_s']:.4g}"),
+                      "allreduce_s": {"nvlink": PRIORS["allreduce_nvlink_s"],
+                                      "pcie": float(f"{values['allreduce_pcie_s']:.4g}")},
+                      "link": PRIORS["link"],
+                      "source": f"fitted on every point of points.json ({ids}); priors (not fitted): attention "
+                                f"at {PRIORS['attention_of_gemm']} of the matmul rate, NVLink all-reduce "
+                                f"{PRIORS['allreduce_nvlink_s'] * 1e6:g} µs (vLLM's custom all-reduce), links at "
+                                f"{PRIORS['link']} of their bandwidth"}}
+    doc["families"]["blackwell"] = {"same_as": "hopper", "why": "no public vLLM measurement on B200 among the "
+                                                                "calibration points"}
+    path = DATA / f"efficiency-{today}.json"
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+    return path
+
+
+def _family(point) -> str:
+    from cost.hardware import gpus
+    gpu = gpus.instance(point["instance"]).gpu if point.get("instance") else gpus.gpu(point["gpu"])
+    return gpu.family
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="write cost/hardware/data/efficiency-<today>.json")
+    ap.add_argument("--loo", action="store_true", help="leave each source out in turn and predict it")
+    ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
+    args = ap.parse_args()
+    doc = json.loads((HERE / "points.json").read_text())
+    points, means = doc["points"], doc["sharegpt_means"]
+    shipped = errors(points, means)
+    print(f"shipped ({efficiency_table()['file']}): median |error| {median_abs(shipped) * 100:.1f} %")
+    values = fit(points, means)
+    print(json.dumps(values, indent=1))
+    rows = errors(points, means, efficiency_for=efficiencies(values).__getitem__)
+    print(table(rows))
+    print(f"fitted: median |error| {median_abs(rows) * 100:.1f} % over {len(rows)} figures")
+    out = {"fit": values, "rows": rows}
+    if args.loo:
+        groups = sorted({p["source"].split(",")[0] for p in points})
+        loo_rows = []
+        for group in groups:
+            train = [p for p in points if p["source"].split(",")[0] != group]
+            test = [p for p in points if p["source"].split(",")[0] == group]
+            held = errors(test, means, efficiency_for=efficiencies(fit(train, means)).__getitem__)
+            loo_rows += held
+            print(f"left out {group!r}: median |error| {median_abs(held) * 100:.1f} %", flush=True)
+        print(table(loo_rows))
+        print(f"leave-one-source-out: median |error| {median_abs(loo_rows) * 100:.1f} % over {len(loo_rows)} figures")
+        out["leave_one_source_out"] = loo_rows
+    if args.write:
+        print(f"wrote {write_table(values, points)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

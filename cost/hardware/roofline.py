@@ -1,0 +1,179 @@
+"""Step times from first principles: a model's weights, KV and FLOPs on a GPU's bandwidth, FLOP/s
+and links, as the same ``CapacityModel`` a bench fit gives the simulator.
+
+One engine step of a continuous batch (``cost.simulate.capacity``'s semantics), per GPU of a
+tensor-parallel group of ``tp``:
+
+- weight matmuls: the longer of reading the weights (dense layers, lm_head, and of a MoE's routed
+  experts the share the step's tokens touch) at the achieved bandwidth, and computing
+  2 FLOPs a weight a token at the achieved matmul rate (``CapacityModel.gemm_s``). The lm_head
+  runs only for the sequences sampled (one token a sequence), not for every prompt token;
+- attention: decode reads every KV token the batch holds (``step_per_kv_token_s``); prefill
+  spends ``4 · heads · head_dim`` FLOPs a layer per prompt token per token it attends, charged at
+  the mix's mean context (half the prompt) per prompt token (``prefill_per_token_s``);
+- tensor parallelism: two all-reduces a layer of the step's hidden states, each a latency
+  (``allreduce_s``, by link) and ``2 (tp − 1) / tp`` of the payload over the link;
+- fixed costs: per layer a step (norms, rotary, kernel gaps CUDA graphs leave), per step
+  (scheduler, input preparation), per sequence a step (sampling, bookkeeping), per request
+  (HTTP, tokenising: ``request_overhead_s``).
+
+The achieved fractions and fixed costs are ``Efficiency``, per GPU family, read from the dated
+file ``data/efficiency-*.json`` where each is stated with the public measurement it was fitted on
+(``benchmarks/capacity-calibration/``).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from cost.simulate.capacity import CapacityModel
+from options.core import BadInput
+
+DATA = Path(__file__).parent / "data"
+ACTIVATION_BYTES = 2            # bf16 hidden states crossing the all-reduce
+# Matmul dtypes vLLM runs with both operands in the weight's format where the GPU has the
+# instructions; elsewhere it dequantises in the kernel (Marlin) and multiplies in 16 bits.
+SIXTEEN_BIT = ("bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    """Achieved fractions of a GPU family's peaks, and the fixed costs a roofline leaves out."""
+    family: str
+    bandwidth: float          # of peak memory bandwidth, streaming weights and KV
+    gemm: float               # of dense peak FLOP/s, the weight matmuls of a large step
+    attention: float          # of dense peak FLOP/s, prefill attention
+    weight_only_gemm: float   # a weight-only quantised kernel's matmul rate relative to ``gemm``
+    moe_gemm: float           # routed experts' grouped matmuls (few tokens an expert) relative to ``gemm``
+    kv_bandwidth: float       # paged attention's reads of the KV cache relative to ``bandwidth``
+    layer_s: float            # per layer, per step
+    step_s: float             # per step
+    seq_s: float              # per sequence, per step
+    request_s: float          # per request, outside steps
+    allreduce_s: dict         # latency of one all-reduce, by link ("nvlink", "pcie")
+    link: float               # of the link's bandwidth, all-reduce payloads
+    source: str
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@lru_cache(maxsize=None)
+def efficiency_table() -> dict:
+    """The newest ``data/efficiency-YYYY-MM-DD.json``: per family, with sources."""
+    files = sorted(DATA.glob("efficiency-*.json"))
+    if not files:
+        raise BadInput(f"no efficiency table under {DATA}")
+    doc = json.loads(files[-1].read_text())
+    doc["file"] = files[-1].name
+    return doc
+
+
+def efficiency(family: str) -> Efficiency:
+    """The family's efficiencies; a family without its own measurements borrows the one its
+    entry names (``same_as``), and says so in ``source``."""
+    doc = efficiency_table()
+    families = doc["families"]
+    if family not in families:
+        raise BadInput(f"no efficiencies for GPU family {family!r}: known {', '.join(sorted(families))}")
+    entry = dict(families[family])
+    note = ""
+    if "same_as" in entry:
+        base = entry.pop("same_as")
+        note = f"{family} has no public vLLM measurement to fit on: {base}'s efficiencies ({entry.get('why', '')})"
+        entry = {**families[base], **{k: v for k, v in entry.items() if k != "why"}}
+    shared = doc["shared"]
+    return Efficiency(family=family, bandwidth=entry["bandwidth"], gemm=entry["gemm"],
+                      attention=entry["gemm"] * shared["attention_of_gemm"],
+                      weight_only_gemm=shared["weight_only_gemm"], moe_gemm=shared["moe_gemm"],
+                      kv_bandwidth=shared["kv_bandwidth"], layer_s=shared["layer_s"],
+                      step_s=shared["step_s"], seq_s=shared["seq_s"], request_s=shared["request_s"],
+                      allreduce_s=dict(shared["allreduce_s"]), link=shared["link"],
+                      source=(note + "; " if note else "") + f"{doc['file']}: {entry.get('source', '')}")
+
+
+def matmul_dtype(gpu, dtype: str) -> tuple[str, bool]:
+    """(the dtype the matmuls run in, whether the weights are dequantised in the kernel)."""
+    if dtype in SIXTEEN_BIT:
+        return dtype, False
+    native = {"fp8": "fp8", "fp4": "fp4", "mxfp4": "fp4", "int4": None}[dtype]
+    if native and gpu.native(native):
+        return native, False
+    return "bf16", True
+
+
+def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str, link_gb_s: float,
+               mean_prompt_tokens: float, source: str) -> tuple[CapacityModel, list[dict]]:
+    """The ``CapacityModel`` of one replica (``tp`` GPUs) and the assumptions it rests on."""
+    compute_dtype, weight_only = matmul_dtype(gpu, dtype)
+    peak = gpu.peak_flops(compute_dtype)
+    gemm_rate = peak * eff.gemm * (eff.weight_only_gemm if weight_only else 1.0)
+    attention_rate = gpu.peak_flops("bf16") * eff.attention
+    bandwidth = gpu.bandwidth_gb_s * 1e9 * eff.bandwidth
+    parts = model.part_bytes(dtype)
+    lm_head_params = model.vocab * model.hidden
+    # Read every step: all but the embedding lookup (t rows) and the routed experts; a tied
+    # lm_head is the embedding matrix, read for the logits.
+    read_dense = sum(v for k, v in parts.items() if k not in ("embedding", "experts"))
+    if model.tied_embeddings:
+        read_dense += parts["embedding"]
+    # Matmul time a token: dense weights at the matmul rate, its routed experts' share slower
+    # (grouped GEMMs of a few tokens an expert).
+    counts = model.parts()
+    routed_active = (counts["experts"] * model.experts_per_token / model.experts) if model.experts else 0.0
+    matmul_s = (2 * (model.linear_params_per_token() - lm_head_params - routed_active) / gemm_rate
+                + 2 * routed_active / (gemm_rate * eff.moe_gemm))
+    allreduce_payload = 0.0
+    allreduce_latency = 0.0
+    if tp > 1:
+        per_token = ACTIVATION_BYTES * model.hidden * 2 * (tp - 1) / tp / (link_gb_s * 1e9 * eff.link)
+        allreduce_payload = 2 * model.layers * per_token
+        allreduce_latency = 2 * model.layers * eff.allreduce_s[link]
+    context = max(1.0, mean_prompt_tokens / 2)
+    prefill_attention = (model.attention_flops_per_token_per_context(int(context), prefill=True) * context
+                         / tp / attention_rate)
+    capacity = CapacityModel(
+        step_base_s=model.layers * eff.layer_s + eff.step_s + allreduce_latency,
+        step_per_seq_s=eff.seq_s + 2 * lm_head_params / tp / gemm_rate + allreduce_payload,
+        step_per_kv_token_s=plan.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
+        prefill_per_token_s=prefill_attention + allreduce_payload,
+        request_overhead_s=eff.request_s,
+        max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
+        kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
+        gemm_per_token_s=matmul_s / tp,
+        weights_read_s=read_dense / tp / bandwidth,
+        experts_read_s=parts.get("experts", 0) / tp / bandwidth,
+        experts=model.experts, experts_per_token=model.experts_per_token,
+        source=source)
+    assumptions = [
+        {"what": f"matmuls in {compute_dtype}" + (f" with {dtype} weights dequantised in the kernel "
+                                                  "(vLLM's Marlin kernels; the GPU has no native "
+                                                  f"{dtype} matmul)" if weight_only else ""),
+         "value": f"{peak / 1e12:,.0f} TFLOP/s dense peak × {eff.gemm:.2f}"
+                  + (f" × {eff.weight_only_gemm:.2f} (weight-only)" if weight_only else ""),
+         "source": f"{gpu.source}; efficiency: {eff.source}"},
+        {"what": "memory bandwidth achieved streaming weights, and reading the KV cache",
+         "value": f"{gpu.bandwidth_gb_s:,.0f} GB/s × {eff.bandwidth:.2f}, KV × {eff.kv_bandwidth:.2f} of that",
+         "source": eff.source},
+        {"what": "fixed costs: per layer a step, per step, per sequence a step, per request",
+         "value": f"{eff.layer_s * 1e6:.1f} µs, {eff.step_s * 1e3:.2f} ms, {eff.seq_s * 1e6:.1f} µs, "
+                  f"{eff.request_s * 1e3:.1f} ms", "source": eff.source},
+        {"what": "prefill attention charged at the mix's mean context (half the mean prompt)",
+         "value": f"{mean_prompt_tokens / 2:,.0f} tokens at {eff.attention:.2f} of the 16-bit peak",
+         "source": "FlashAttention's FLOP count, 4·heads·head_dim a layer per token pair"},
+    ]
+    if tp > 1:
+        assumptions.append({"what": f"tensor parallelism over {link}: 2 all-reduces a layer",
+                            "value": f"{eff.allreduce_s[link] * 1e6:.0f} µs each + payload at "
+                                     f"{link_gb_s:,.0f} GB/s × {eff.link:.2f}",
+                            "source": f"{gpu.source}; {eff.source}"})
+    if model.experts:
+        assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch; their matmuls run "
+                                    "as grouped GEMMs",
+                            "value": f"1 − (1 − {model.experts_per_token}/{model.experts})^tokens of "
+                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing; expert matmuls "
+                                     f"at {eff.moe_gemm:.2f} of the dense rate",
+                            "source": "expected distinct experts under uniform top-k routing"})
+    return capacity, assumptions

@@ -1,0 +1,234 @@
+"""Capacity from specs (cost.hardware): vLLM's memory arithmetic against its logged KV sizes, fit and
+no-fit, the roofline's step shape, the CLI's answers and refusals, and the shipped efficiencies
+against the public calibration points. Pure: no server, no GPU."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cost.hardware import catalog, gpus
+from cost.hardware.memory import LOGGED_KV_SIZES, EngineFlags, engine_defaults, plan_memory
+from cost.hardware.predict import DoesNotFit, burst, capacity_for, closed_loop
+from cost.simulate.capacity import CapacityModel, load_capacity
+from options.core import BadInput
+
+ROOT = Path(__file__).resolve().parents[2]
+POINTS = ROOT / "benchmarks" / "capacity-calibration" / "points.json"
+
+
+def cost_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cost", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+
+
+# --- memory --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("logged", LOGGED_KV_SIZES, ids=lambda p: p["model"].split("/")[1])
+def test_kv_cache_size_is_within_3_percent_of_what_vllm_logged(logged):
+    model, gpu = catalog.resolve(logged["model"]), gpus.gpu(logged["gpu"])
+    plan = plan_memory(model, gpu, logged["tp"], "bf16", 2, EngineFlags(max_num_batched_tokens=2048,
+                                                                        max_num_seqs=256))
+    assert plan.kv_cache_tokens == pytest.approx(logged["kv_cache_tokens"], rel=0.03)
+    assert plan.kv_cache_tokens % 16 == 0          # whole blocks
+
+
+def test_engine_defaults_follow_vllms_table_by_gpu():
+    assert engine_defaults(gpus.gpu("h100")) == {"max_num_seqs": 1024, "max_num_batched_tokens": 8192}
+    assert engine_defaults(gpus.gpu("b200")) == {"max_num_seqs": 1024, "max_num_batched_tokens": 16384}
+    # An A100 stays small even with 80 GB (vLLM PR #17885); a 24 GB GPU too.
+    assert engine_defaults(gpus.gpu("a100-80gb")) == {"max_num_seqs": 256, "max_num_batched_tokens": 2048}
+    assert engine_defaults(gpus.gpu("l4"))["max_num_batched_tokens"] == 2048
+
+
+def test_a_context_the_cache_cannot_hold_is_lowered_and_said():
+    _, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="a10g")
+    memory = details["memory"]
+    assert memory["max_model_len_lowered_from"] == 131072
+    assert memory["max_model_len"] <= details["kv_cache_tokens"]
+    assert any("max_model_len lowered" in a["what"] for a in details["assumptions"])
+
+
+def test_an_explicit_context_larger_than_the_cache_is_refused_with_the_limit():
+    with pytest.raises(DoesNotFit, match=r"--max-model-len <= [\d,]+"):
+        capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="a10g", max_model_len=131072)
+
+
+# --- fit / no fit --------------------------------------------------------------------------------
+
+def test_70b_bf16_on_one_l40s_is_refused_with_the_figures_and_what_fits():
+    with pytest.raises(DoesNotFit) as info:
+        capacity_for("meta-llama/Llama-3.1-70B-Instruct", gpu="l40s")
+    text = str(info.value)
+    assert "does not fit: weights 131.4 GiB per GPU" in text
+    assert "GiB left per GPU" in text
+    assert "--tp 4 on 4× l40s" in text          # the smallest TP that holds it
+    assert "--instance" in text
+
+
+def test_70b_on_four_l40s_at_tp4_fits():
+    capacity, details = capacity_for("meta-llama/Llama-3.1-70B-Instruct", instance="g6e.12xlarge")
+    assert json.loads(json.dumps(details)) == details          # JSON as it stands
+    assert details["hardware"]["tp"] == 4 and details["hardware"]["link"] == "pcie"
+    assert details["weights_gib"] == pytest.approx(131.4 / 4, rel=0.01)
+    assert details["kv_cache_tokens"] > 50_000
+    assert capacity.max_num_seqs == 256 and capacity.max_num_batched_tokens == 2048
+
+
+def test_fp8_makes_a_70b_fit_one_h200_and_halves_its_weights():
+    bf16 = catalog.resolve("meta-llama/Llama-3.1-70B-Instruct").weight_bytes("bf16")
+    _, details = capacity_for("meta-llama/Llama-3.1-70B-Instruct", gpu="h200", dtype="fp8")
+    # Linear layers at 1 byte; the embedding and lm_head (2.1 B parameters) stay 16-bit.
+    assert details["model"]["weights_gib"] * 2**30 == pytest.approx(bf16 / 2, rel=0.04)
+
+
+def test_fp8_on_an_a100_is_modelled_weight_only_and_says_so():
+    _, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="a100-80gb", dtype="fp8")
+    assert any("dequantised in the kernel" in a["what"] for a in details["assumptions"])
+
+
+# --- the roofline's shape ------------------------------------------------------------------------
+
+def test_decode_at_batch_one_is_bounded_below_by_reading_the_weights():
+    capacity, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100")
+    weights_s = details["model"]["weights_gib"] * 2**30 / (3350e9)
+    assert capacity.step_s(1, 1000, 0) > weights_s
+    # Up to the knee more sequences cost little; far past it matmuls dominate.
+    assert capacity.step_s(8, 8000, 0) < 1.2 * capacity.step_s(1, 1000, 0)
+    assert capacity.step_s(2048, 0, 0) > 2 * capacity.step_s(1, 0, 0)
+
+
+def test_a_moe_step_reads_more_experts_as_its_tokens_touch_more():
+    capacity, _ = capacity_for("mistralai/Mixtral-8x7B-Instruct-v0.1", gpu="h100", tp=2, gpus=2)
+    assert capacity.experts == 8 and capacity.experts_per_token == 2
+    one, many = capacity.gemm_s(1), capacity.gemm_s(64)
+    assert capacity.weights_read_s < one < many
+    # 64 tokens touch (almost) every expert: the whole expert read, 1 - (6/8)^64 of it.
+    assert many >= capacity.weights_read_s + capacity.experts_read_s * (1 - 0.75 ** 64) - 1e-12
+
+
+def test_tensor_parallel_over_pcie_pays_more_per_step_than_over_nvlink():
+    pcie, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="l40s", tp=4)
+    single, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="l40s", tp=1)
+    nvlink, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", tp=4)
+    assert pcie.step_base_s > single.step_base_s
+    assert pcie.step_base_s - single.step_base_s > nvlink.step_base_s - single.step_base_s
+
+
+def test_the_simulators_replica_runs_the_roofline_as_its_step_says():
+    """A closed loop of one request is its prefill step then one decode step a token, each the
+    model's own step_s: the replica's closed form and gemm term agree with it."""
+    capacity, _ = capacity_for("Qwen/Qwen3-30B-A3B", gpu="h100")
+    run = closed_loop(capacity, 1, 100, 11, requests=3)
+    prefill = capacity.step_s(1, 100, 100)
+    decode = [capacity.step_s(1, 101 + k, 0) for k in range(10)]
+    assert run["ttft_ms"]["mean"] == pytest.approx((capacity.request_overhead_s + prefill) * 1000, rel=1e-4)
+    assert run["tpot_ms"]["mean"] == pytest.approx(sum(decode) / 10 * 1000, rel=1e-4)
+
+
+def test_a_burst_larger_than_the_batch_queues():
+    capacity, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", max_num_seqs=4)
+    run = burst(capacity, [100] * 12, [50] * 12)
+    idle = capacity.idle_ttft_s(100) * 1000
+    # Three waves of four: the median request waits one wave's 50 tokens, the last two.
+    assert run["ttft_ms"]["p50"] > 10 * idle
+    assert run["ttft_ms"]["p90"] > 1.8 * run["ttft_ms"]["p50"]
+
+
+def test_a_spec_model_round_trips_through_json_and_load_capacity(tmp_path):
+    capacity, _ = capacity_for("Qwen/Qwen3-30B-A3B", gpu="h100")
+    path = tmp_path / "cap.json"
+    path.write_text(json.dumps(capacity.to_json()))
+    loaded = load_capacity(path)
+    assert loaded.gemm_s(7) == pytest.approx(capacity.gemm_s(7))
+    assert loaded.step_s(9, 900, 300) == pytest.approx(capacity.step_s(9, 900, 300))
+
+
+def test_a_bench_model_without_roofline_terms_is_unchanged():
+    plain = CapacityModel(step_base_s=1e-3, step_per_seq_s=1e-4, step_per_kv_token_s=0, prefill_per_token_s=1e-5,
+                          max_num_seqs=8, max_num_batched_tokens=512, kv_cache_tokens=10_000, max_model_len=None,
+                          request_overhead_s=0, source="test")
+    assert plain.gemm_s(100) == 0
+    assert plain.step_s(4, 0, 100) == pytest.approx(1e-3 + 4e-4 + 1e-3)
+
+
+# --- bad input -----------------------------------------------------------------------------------
+
+def test_tp_not_dividing_the_kv_heads_is_refused():
+    with pytest.raises(BadInput, match="does not divide 01-ai/Yi-34B's 8 KV heads"):
+        capacity_for("01-ai/Yi-34B", gpu="h100", tp=7)
+
+
+def test_tp_above_the_instances_gpus_is_refused():
+    with pytest.raises(BadInput, match=r"--tp 8 is more than the 4 GPU\(s\) of g6e.12xlarge"):
+        capacity_for("meta-llama/Llama-3.1-8B-Instruct", instance="g6e.12xlarge", tp=8)
+
+
+def test_cli_capacity_json_has_the_promised_fields_and_a_loadable_capacity(tmp_path):
+    done = cost_cli("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--instance", "ml.g6e.xlarge",
+                    "--input-tokens", "1000", "--output-tokens", "200", "--concurrency", "8", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert set(data["model"]) >= {"params", "active_params", "weights_gib", "kv_bytes_per_token"}
+    assert set(data["hardware"]) >= {"gpu", "gpus", "tp", "memory_gib", "bandwidth_gb_s", "tflops", "link"}
+    assert data["fits"] is True and data["kv_cache_tokens"] > 0 and data["max_concurrent_seqs"] > 0
+    assert data["saturated_output_tok_s"] > 0
+    assert all(a["source"] for a in data["assumptions"])
+    at = data["at_concurrency"]
+    assert at["ttft_ms"] > 0 and at["tpot_ms"] > 0 and at["e2e_ms"] > at["ttft_ms"] and at["output_tok_s"] > 0
+    path = tmp_path / "cap.json"
+    path.write_text(json.dumps(data["capacity"]))
+    assert load_capacity(path).kv_cache_tokens == data["kv_cache_tokens"]
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--model", "llama-3.1-8b-instruc", "--gpu", "h100"], "meta-llama/Llama-3.1-8B-Instruct"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h1000"], "h100"),
+    (["--model", "meta-llama/Llama-3.1-70B-Instruct", "--gpu", "l40s"], "does not fit"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--instance", "inf2.xlarge"], "not modelled"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--instance", "g6e.xlarge", "--tp", "2"], "more than the 1"),
+    (["--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100", "--concurrency", "4"], "request mix"),
+])
+def test_cli_bad_input_exits_2_with_a_message_and_no_traceback(args, says):
+    done = cost_cli("capacity", *args)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert says in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_cli_a_config_missing_a_field_exits_2_naming_it(tmp_path):
+    config = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
+              "num_attention_heads": 16, "num_key_value_heads": 4, "intermediate_size": 8192,
+              "vocab_size": 32000, "max_position_embeddings": 4096}          # no num_hidden_layers
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = cost_cli("capacity", "--model", str(tmp_path), "--gpu", "l4")
+    assert done.returncode == 2
+    assert "num_hidden_layers" in done.stderr and "Traceback" not in done.stderr
+    config["num_hidden_layers"] = 16
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    done = cost_cli("capacity", "--model", str(tmp_path), "--gpu", "l4", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["model"]["kv_bytes_per_token"] == 2 * 16 * 4 * 128 * 2
+
+
+# --- calibration ---------------------------------------------------------------------------------
+
+def test_the_shipped_efficiencies_reproduce_the_public_calibration_points():
+    """The efficiencies in cost/hardware/data were fitted on these points
+    (benchmarks/capacity-calibration/calibrate.py): re-predicting them with the shipped file
+    must land where the fit reported, so the data and the code cannot drift apart."""
+    from cost.hardware.calibration import errors
+
+    doc = json.loads(POINTS.read_text())
+    rows = errors([p for p in doc["points"] if p.get("fit", True)], doc["sharegpt_means"])
+    median = float(np.median([abs(r["error"]) for r in rows]))
+    assert len(rows) >= 30
+    assert median <= MEDIAN_CALIBRATION_ERROR
+
+
+# What calibrate.py reported for the shipped fit (benchmarks/capacity-calibration/README.md).
+MEDIAN_CALIBRATION_ERROR = 0.30
