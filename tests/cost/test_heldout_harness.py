@@ -1,0 +1,262 @@
+"""The held-out harness (benchmarks/capacity-heldout/evaluate.py) on SYNTHETIC rows: the column
+layouts of AIConfigurator's silicon_sample.csv and of the sim-to-real error records, with made-up
+numbers (none of them measured by anyone). No held-out data is in this repository; the real files
+are read by the script at run time. Pure: no predictor, no network."""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "capacity-heldout" / "evaluate.py"
+_spec = importlib.util.spec_from_file_location("heldout_evaluate", SCRIPT)
+ev = importlib.util.module_from_spec(_spec)
+sys.modules["heldout_evaluate"] = ev
+_spec.loader.exec_module(ev)
+
+AIC_COLUMNS = ("id,silicon_data_source,backend,backend_version,model_path,system,precision,mode,isl,osl,"
+               "gemm_quant_mode,moe_quant_mode,batch_size,tp_size,pp_size,attention_dp_size,moe_tp_size,"
+               "moe_ep_size,prefill_batch_size,prefill_num_workers,prefill_tp_size,prefill_pp_size,"
+               "prefill_attention_dp_size,prefill_moe_tp_size,prefill_moe_ep_size,decode_batch_size,"
+               "decode_num_workers,decode_tp_size,decode_pp_size,decode_attention_dp_size,decode_moe_tp_size,"
+               "decode_moe_ep_size,silicon_ttft_ms,silicon_tpot_ms").split(",")
+
+
+def aic_row(**values) -> dict[str, str]:
+    """A synthetic silicon_sample row: every column present, made-up numbers."""
+    row = {c: "" for c in AIC_COLUMNS}
+    row.update(id="synthetic", silicon_data_source="synthetic; vllm/vllm-openai:v9.9.9", backend="vllm",
+               model_path="meta-llama/Llama-3.1-8B-Instruct", system="h100_sxm", precision="bf16", mode="agg",
+               isl="1000", osl="100", batch_size="8", tp_size="1", pp_size="1", attention_dp_size="1",
+               moe_tp_size="1", moe_ep_size="1", silicon_ttft_ms="111.0", silicon_tpot_ms="11.0")
+    row.update({k: str(v) for k, v in values.items()})
+    return row
+
+
+def test_aiconfigurator_rows_in_scope_become_closed_loop_workloads():
+    kept, skipped = ev.normalise_aiconfigurator([aic_row()])
+    assert skipped == []
+    (w,) = kept
+    assert w["load"] == {"kind": "closed", "concurrency": 8, "input_tokens": 1000, "output_tokens": 100}
+    assert w["measured"] == {"ttft_mean": 111.0, "tpot_mean": 11.0}
+    assert (w["gpu"], w["tp"], w["dtype"], w["family"], w["moe"]) == ("h100", 1, "auto", "llama-3", False)
+    assert w["vllm_version"] == "9.9.9", "read from the image tag when backend_version is empty"
+
+
+@pytest.mark.parametrize("changes, reason", [
+    ({"backend": "trtllm"}, "not vLLM"),
+    ({"mode": "disagg"}, "disaggregated"),
+    ({"system": "b300_sxm"}, "not in Spectrum's GPU table"),
+    ({"model_path": "MiniMaxAI/MiniMax-M2.5"}, "not in scope"),
+    ({"model_path": "meta-llama/Llama-4-Scout-17B-16E"}, "not in scope"),
+    ({"model_path": "openai/gpt-oss-120b", "tp_size": "4", "attention_dp_size": "4", "moe_ep_size": "16"},
+     "attention data parallel 4"),
+    ({"model_path": "Qwen/Qwen3-235B-A22B-FP8", "tp_size": "1", "moe_tp_size": "2"}, "not a plain TP group"),
+    ({"silicon_ttft_ms": "", "silicon_tpot_ms": ""}, "no measured"),
+])
+def test_aiconfigurator_rows_out_of_scope_are_skipped_with_the_reason(changes, reason):
+    kept, skipped = ev.normalise_aiconfigurator([aic_row(**changes)])
+    assert kept == [] and reason in skipped[0]["reason"], skipped
+
+
+def test_aiconfigurator_weight_formats_and_parallel_layouts():
+    rows = [aic_row(model_path="meta-llama/Llama-3.1-70B", gemm_quant_mode="fp8", tp_size="4", moe_tp_size="1"),
+            aic_row(model_path="meta-llama/Llama-3.1-70B", gemm_quant_mode="nvfp4", system="b200_sxm"),
+            aic_row(model_path="openai/gpt-oss-120b", gemm_quant_mode="nvfp4", tp_size="2", moe_tp_size="2"),
+            aic_row(model_path="Qwen/Qwen3-235B-A22B-FP8", gemm_quant_mode="fp8", tp_size="4", moe_tp_size="1",
+                    moe_ep_size="4"),
+            aic_row(model_path="moonshotai/Kimi-K2.5", gemm_quant_mode="int4_wo", system="h200_sxm", tp_size="8",
+                    moe_tp_size="8")]
+    kept, skipped = ev.normalise_aiconfigurator(rows)
+    assert skipped == []
+    assert [w["dtype"] for w in kept] == ["fp8", "fp4", "auto", "fp8", "int4"]
+    assert kept[3]["catalog_model"] == "Qwen3-235B-A22B", "a quantized re-upload is looked up by its base"
+    assert ev.catalog_name("nvidia/Llama-3.1-8B-Instruct-FP8") == ("Llama-3.1-8B-Instruct", "fp8")
+    assert ev.catalog_name("RedHatAI/Foo-7B-FP8-dynamic") == ("Foo-7B", "fp8")
+    assert ev.catalog_name("meta-llama/Llama-3.1-70B") == ("meta-llama/Llama-3.1-70B", None)
+    assert [w["tp"] for w in kept] == [4, 1, 2, 4, 8], "a dense row's moe_tp/moe_ep do not matter"
+    assert [w["moe"] for w in kept] == [False, False, True, True, True]
+    assert kept[3]["notes"][0].startswith("expert parallel 4")
+    assert kept[4]["family"] == "deepseek-v3"
+
+
+# --- sim-to-real ---------------------------------------------------------------------------------
+
+# Documents in the layout of the repository's design notes; the numbers are made up.
+DESIGN = """
+| Workload | Input Tokens | Output Tokens | Load Pattern |
+|----------|-------------|---------------|--------------|
+| general | ~500 | ~200 | 4→10 req/s (2 stages, 300s each) |
+| roleplay | ~700 | ~250 | 3 req/s (1 stage, 600s) |
+| reasoning | ~1000 | ~1500 | 2 req/s (1 stage, 600s) |
+
+All experiments: vLLM v9.9.9, H100 GPU, max_model_len=4096, max_num_batched_tokens=2048, max_num_seqs=64, fp16.
+"""
+FIGURES_SPEC = "- **Workloads (4+1):** General-Lite (same token distributions as General at 5 rps peak; used for ...)"
+TRAINVAL = """- **reasoning-lite**: Multi-turn chat with shared prefix caching (reduced intensity, 0.5 req/s)
+  - System prompt (50 tokens) + question (950 tokens) + output (1500 tokens) ≈ 2500 tokens/request"""
+
+S2R_COLUMNS = ("simulator,experiment_folder,model,workload,stage_index,metric_name,predicted,actual,mape,mpe,"
+               "absolute_error,exp_id,hardware,dp,cpu_offload,gpu_mem_util,precision,tp,max_num_batched_tokens"
+               ).split(",")
+
+
+def s2r_rows(folder, model, workload, stages, hardware="H100", tp=1, simulators=("sim-a", "sim-b"),
+             metrics=("e2e_mean", "ttft_mean", "itl_mean", "e2e_p90")):
+    """Synthetic error records: actual = 100 × (stage + 2) + metric index; sim-a is 10 % high."""
+    rows = []
+    for sim in simulators:
+        for stage in stages:
+            for k, metric in enumerate(metrics):
+                actual = 100.0 * (stage + 2) + k
+                predicted = actual * (1.1 if sim == "sim-a" else 0.5)
+                rows.append(dict(zip(S2R_COLUMNS, [sim, f"/somewhere/ground_truth/{folder}", model, workload, str(stage),
+                                                   metric, str(predicted), str(actual), "", "", "", "1", hardware, "",
+                                                   "False", "0.9", "FP16", str(tp), "2048"])))
+    return rows
+
+
+@pytest.fixture()
+def specs():
+    specs, engine = ev.parse_workload_table(DESIGN)
+    specs["general-lite"] = ev.parse_general_lite(FIGURES_SPEC, specs["general"])
+    specs["reasoning-lite"] = ev.parse_reasoning_lite(TRAINVAL, specs["reasoning"])
+    return specs, engine
+
+
+def test_the_workload_descriptions_parse(specs):
+    specs, engine = specs
+    assert specs["general"]["stages"] == [{"rate": 4.0, "duration": 300.0}, {"rate": 10.0, "duration": 300.0}]
+    assert (specs["general"]["input_tokens"], specs["general"]["output_tokens"]) == (500, 200)
+    assert specs["roleplay"]["stages"] == [{"rate": 3.0, "duration": 600.0}]
+    assert engine == {"max_model_len": 4096, "max_num_seqs": 64, "vllm_version": "9.9.9"}
+    assert specs["general-lite"]["stages"] == [None, {"rate": 5.0, "duration": 300.0}], "only the peak is known"
+    assert (specs["general-lite"]["input_tokens"], specs["general-lite"]["output_tokens"]) == (500, 200)
+    assert specs["reasoning-lite"]["stages"] == [{"rate": 0.5, "duration": 600.0}]
+    assert (specs["reasoning-lite"]["input_tokens"], specs["reasoning-lite"]["output_tokens"]) == (1000, 1500)
+
+
+def test_sim_to_real_records_become_one_open_loop_workload_per_stage(specs):
+    specs, engine = specs
+    rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (-1, 0, 1))
+    kept, skipped = ev.normalise_sim_to_real(rows, specs, engine)
+    assert skipped == []
+    by_stage = {w["stage"]: w for w in kept}
+    assert set(by_stage) == {-1, 0, 1}
+    assert by_stage[1]["load"]["stages"] == [{"rate": 10.0, "duration": 300.0}]
+    assert len(by_stage[-1]["load"]["stages"]) == 2, "the whole run is both stages"
+    w = by_stage[0]
+    assert w["measured"] == {"e2e_mean": 200.0, "ttft_mean": 201.0, "tpot_mean": 202.0, "e2e_p90": 203.0}
+    assert w["comparators"]["sim-a"]["e2e_mean"] == pytest.approx(220.0)
+    assert w["engine"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "max_model_len": 4096,
+                           "gpu_memory_utilization": 0.9}
+    assert (w["gpu"], w["family"], w["moe"], w["vllm_version"]) == ("h100", "llama-3", False, "9.9.9")
+
+
+def test_sim_to_real_skips_what_it_cannot_describe(specs):
+    specs, engine = specs
+    rows = (s2r_rows("57-codellama-34b-tp2-general-lite-2-1", "codellama/CodeLlama-34b-Instruct-hf",
+                     "general-lite", (-1, 0, 1), hardware="A100-80GB", tp=2)
+            + s2r_rows("17-llama-4-scout-17b-16e-tp2-general-lite-2-1", "RedHatAI/Llama-4-Scout-17B-16E", "general", (0,))
+            + s2r_rows("12-mixtral-8x7b-tp2-codegen", "mistralai/Mixtral-8x7B-v0.1", "codegen", (0,)))
+    kept, skipped = ev.normalise_sim_to_real(rows, specs, engine)
+    assert [(w["experiment"], w["stage"], w["gpu"], w["moe"]) for w in kept] == [
+        ("57-codellama-34b-tp2-general-lite-2-1", 1, "a100-80gb", False)]
+    reasons = sorted(s["reason"] for s in skipped)
+    assert any("stage 0: its arrival rate is not published" in r for r in reasons)
+    assert any("whole-run row needs every stage's rate" in r for r in reasons)
+    assert any("Llama-4-Scout" in r and "not in scope" in r for r in reasons)
+    assert any("'codegen': no published description" in r for r in reasons)
+
+
+def test_the_folder_name_says_lite_when_the_label_does_not():
+    assert ev.workload_of("/x/66-qwen2-5-7b-instruct-tp1-reasoning-lite-1-1", "reasoning") == "reasoning-lite"
+    assert ev.workload_of("/x/65-01-ai-yi-34b-tp2-general-lite-2-1", "general") == "general-lite"
+    assert ev.workload_of("/x/20260217-155451-llama-2-7b-tp1-codegen", "codegen") == "codegen"
+
+
+# --- scoring with a fake predictor ----------------------------------------------------------------
+
+def fake_api(ttft=100.0, e2e=2000.0):
+    """A stand-in with cost.hardware.predict's interface; constant latencies, open loop adds the rate."""
+    def stats(v):
+        return {"mean": v, "p50": v, "p90": 1.5 * v, "p99": 2 * v}
+
+    def capacity_for(model, gpu=None, gpus=None, instance=None, tp=None, dtype="auto", kv_dtype="auto", **flags):
+        if "unknown" in model:
+            raise ValueError(f"no such model {model}")
+        return "cap", {"fits": True}
+
+    def closed_loop(cap, concurrency, input_tokens, output_tokens, requests=None):
+        return {"ttft_ms": stats(ttft), "tpot_ms": stats(10.0), "e2e_ms": stats(e2e), "output_tok_s": 1.0, "requests": 1}
+
+    def open_loop(cap, rate_per_s, input_tokens, output_tokens, requests=1000, seed=0):
+        return {"ttft_ms": stats(ttft * rate_per_s), "tpot_ms": stats(10.0), "e2e_ms": stats(e2e * rate_per_s),
+                "output_tok_s": 1.0, "requests": requests}
+
+    return SimpleNamespace(capacity_for=capacity_for, closed_loop=closed_loop, open_loop=open_loop)
+
+
+def test_errors_by_metric_gpu_and_moe_with_a_fake_predictor(specs):
+    specs, engine = specs
+    aic, _ = ev.normalise_aiconfigurator([aic_row(silicon_ttft_ms="200", silicon_tpot_ms="10"),
+                                          aic_row(model_path="unknown/Llama-3-9B")])
+    s2r, _ = ev.normalise_sim_to_real(
+        s2r_rows("9-mixtral-8x7b-tp2-general", "mistralai/Mixtral-8x7B-v0.1", "general", (-1, 0, 1), tp=2),
+        specs, engine)
+    rows, skipped = ev.evaluate(aic + s2r, fake_api())
+    assert [s["reason"] for s in skipped if s["set"] == "aiconfigurator"] == [
+        "predictor: ValueError: no such model unknown/Llama-3-9B"]
+    assert any("whole-run percentile" in s["reason"] for s in skipped), "p90 of a two-stage run is not predicted"
+    got = {(r["id"], r["metric"]): r for r in rows}
+    assert got[("synthetic", "ttft_mean")]["ape"] == pytest.approx(0.5)        # 100 vs 200
+    assert got[("synthetic", "tpot_mean")]["ape"] == pytest.approx(0.0)
+    stage1 = got[("9-mixtral-8x7b-tp2-general/stage1", "e2e_mean")]
+    assert stage1["predicted"] == pytest.approx(2000.0 * 10)                    # the stage's 10 req/s
+    whole = got[("9-mixtral-8x7b-tp2-general/stage-1", "e2e_mean")]
+    assert whole["predicted"] == pytest.approx(2000.0 * (4 * 4 + 10 * 10) / 14), "stages weighted by requests"
+    itl = got[("9-mixtral-8x7b-tp2-general/stage0", "tpot_mean")]
+    assert itl["predicted"] == pytest.approx((2000.0 * 4 - 100.0 * 4) / 199), "(E2E − TTFT) / (output − 1)"
+    assert itl["comparators"]["sim-a"]["ape"] == pytest.approx(0.1)
+    summary = ev.summarise(rows)
+    assert summary["overall"]["all"]["ttft_mean"]["n"] == 4
+    assert set(summary["by_gpu"]) == {"aiconfigurator:h100", "sim-to-real:h100"}
+    assert set(summary["dense_vs_moe"]) == {"aiconfigurator:dense", "sim-to-real:moe"}
+    sim_a = summary["comparators"]["sim-a [per-stage, main]"]["e2e_mean"]
+    assert sim_a["n"] == 2 and sim_a["their_median_ape"] == pytest.approx(0.1)
+    md = ev.markdown(rows, skipped, summary, ["synthetic"], "2000-01-01")
+    assert "## Dense vs MoE" in md and "| sim-to-real:moe |" in md
+
+
+def test_aiconfigurators_own_predictions_are_matched_by_id():
+    kept, _ = ev.normalise_aiconfigurator([aic_row(id="a", silicon_ttft_ms="200", silicon_tpot_ms="10"),
+                                           aic_row(id="b")])
+    theirs = [dict(aic_row(id="a"), aic_predicted_ttft_ms="150", aic_predicted_tpot_ms="12"),
+              dict(aic_row(id="b"), aic_predicted_ttft_ms="", aic_predicted_tpot_ms=""),
+              dict(aic_row(id="not-kept"), aic_predicted_ttft_ms="1", aic_predicted_tpot_ms="1")]
+    assert ev.attach_aiconfigurator_predictions(kept, theirs) == 1
+    assert kept[0]["comparators"] == {"aiconfigurator (aic)": {"ttft_mean": 150.0, "tpot_mean": 12.0}}
+    assert kept[1]["comparators"] == {}
+    rows, _ = ev.evaluate(kept, fake_api(ttft=100.0))
+    theirs = ev.summarise(rows)["comparators"]["aiconfigurator (aic) [closed loop]"]
+    assert theirs["ttft_mean"] == {"n": 1, "spectrum_median_ape": 0.5, "their_median_ape": 0.25}
+
+
+def test_files_are_read_from_a_git_directory_even_after_deletion(tmp_path):
+    repo = tmp_path / "clone"
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    (repo / "old.csv").write_text("a,b\n1,2\n")
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-qm", "add"], check=True)
+    subprocess.run(git + ["rm", "-q", "old.csv"], check=True)
+    subprocess.run(git + ["commit", "-qm", "drop"], check=True)
+    for root in (repo, repo / ".git"):                   # a clone, and its git directory alone
+        r = ev.Repo(root)
+        assert r.read("old.csv") is None
+        rev = r.last_commit_with("old.csv")
+        assert rev and r.read("old.csv", rev) == "a,b\n1,2\n"
