@@ -64,7 +64,6 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
     """Every candidate with its capacity, bound and (where simulated) its rung-3 simulation;
     ``best`` the cheapest meeting the SLO, else ``closest`` (highest attainment)."""
     from cost.hardware.predict import capacity_for
-    from cost.simulate.cli import simulate
     from cost.traces import trace_from_args
 
     table = table_from(args)
@@ -107,24 +106,34 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
                        f"({', '.join(i.sagemaker_name for i in instances)}): " + rows[0]["why"])
     best = None
     slo_ttft = getattr(args, "slo_ttft_ms", None)
+    queue = []
     for row in fitting:
-        if best is not None and row["floor_usd"] >= best["window_usd"]:
-            row["status"] = "pruned"
-            row["why"] = (f"its floor ${row['floor_usd']:,.2f} (price × the trace's span or its busy hours) "
-                          f"is above ${best['window_usd']:,.2f}, the best answer's bill")
-            continue
         if slo_ttft and row["idle_ttft_ms"] > slo_ttft:
             row["status"] = "cannot meet TTFT"
             row["why"] = (f"an idle replica's TTFT for the trace's p99 prompt ({p99_prompt:,.0f} tokens) is "
                           f"{row['idle_ttft_ms']:,.0f} ms, above --slo-ttft-ms {slo_ttft:g}")
-            continue
-        sim = simulate(candidate_args(args, row), table_from, eks_fixed_hourly)
-        rung = sim["rungs"][0]
-        row.update(status="simulated", window_usd=rung["window_usd"], monthly_usd=rung["monthly_usd"],
-                   slo_attainment=rung["slo_attainment"], meets_slo=rung["meets_slo"], policy=rung["policy"],
-                   replicas=rung["replicas"], ttft_ms=rung["ttft_ms"], e2e_ms=rung["e2e_ms"])
-        if rung["meets_slo"] and (best is None or rung["window_usd"] < best["window_usd"]):
-            best = row
+        else:
+            queue.append(row)
+    # Two candidates at a time (this machine class has two cores), cheapest floors first; between
+    # rounds, the best bill so far prunes every floor above it.
+    with _pool() as pool:
+        while queue:
+            if best is not None:
+                for row in [r for r in queue if r["floor_usd"] >= best["window_usd"]]:
+                    row["status"] = "pruned"
+                    row["why"] = (f"its floor ${row['floor_usd']:,.2f} (price × the trace's span or its busy "
+                                  f"hours) is above ${best['window_usd']:,.2f}, the best answer's bill")
+                    queue.remove(row)
+            batch, queue = queue[:WORKERS], queue[WORKERS:]
+            runs = pool.map(_simulate_rung, [(candidate_args(args, row), table_from, eks_fixed_hourly)
+                                             for row in batch])
+            for row, rung in zip(batch, runs):
+                row.update(status="simulated", window_usd=rung["window_usd"], monthly_usd=rung["monthly_usd"],
+                           slo_attainment=rung["slo_attainment"], meets_slo=rung["meets_slo"],
+                           policy=rung["policy"], replicas=rung["replicas"], ttft_ms=rung["ttft_ms"],
+                           e2e_ms=rung["e2e_ms"])
+                if rung["meets_slo"] and (best is None or rung["window_usd"] < best["window_usd"]):
+                    best = row
     simulated = [r for r in rows if r.get("status") == "simulated"]
     closest = None if best or not simulated else max(simulated, key=lambda r: (r["slo_attainment"],
                                                                               -r["window_usd"]))
@@ -133,6 +142,30 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
             "note": (f"each candidate is rung {SEARCH_LEVEL} (LMI on SageMaker) with TP = its GPUs and "
                      f"max_num_seqs {args.max_num_seqs or LMI_MAX_NUM_SEQS}; candidates are simulated cheapest "
                      "floor first and pruned once their floor exceeds the best bill")}
+
+
+WORKERS = 2
+
+
+def _pool():
+    """Processes forked from this one (the trace and tables already read); a plain map where
+    fork is not available."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+    from contextlib import nullcontext
+
+    if "fork" not in multiprocessing.get_all_start_methods():
+        class Serial:
+            map = staticmethod(lambda f, items: list(map(f, items)))
+        return nullcontext(Serial())
+    return ProcessPoolExecutor(WORKERS, mp_context=multiprocessing.get_context("fork"))
+
+
+def _simulate_rung(job) -> dict[str, Any]:
+    from cost.simulate.cli import simulate
+
+    args, table_from, eks_fixed_hourly = job
+    return simulate(args, table_from, eks_fixed_hourly)["rungs"][0]
 
 
 def candidate_args(args: argparse.Namespace, row: dict[str, Any]) -> argparse.Namespace:
