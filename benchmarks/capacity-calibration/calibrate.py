@@ -106,6 +106,7 @@ def median_abs(rows) -> float:
 
 def write_table(values: dict[str, float], points) -> Path:
     today = datetime.date.today().isoformat()
+    points = fitted(points)
     ids = ", ".join(p["id"] for p in points)
     doc = {"schema": "spectrum.efficiency/1", "as_of": today,
            "note": "Fitted by benchmarks/capacity-calibration/calibrate.py on the public vLLM measurements in "
