@@ -8,9 +8,9 @@ import json
 import subprocess
 import sys
 
-from gateway_harness import GATEWAY_DIR
+from gateway_harness import REPO
 
-BENCH = GATEWAY_DIR / "bench" / "run.py"
+BENCH = REPO / "benchmarks" / "gateway" / "run.py"
 
 
 def test_a_tiny_run_measures_every_contender_and_loses_no_stream(tmp_path):
