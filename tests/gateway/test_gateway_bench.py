@@ -1,4 +1,4 @@
-"""The gateway's benchmark runs end to end and reports what its README table is made of:
+"""The gateway's benchmark (benchmarks/gateway/run.py) runs end to end and reports what its README table is made of:
 a tiny run (one round, two concurrent clients, few streams) of the direct path, the floor
 relay and the gateway. Figures are not judged here (a benchmark is read, not timed in tests);
 what is checked is that every contender served every stream whole and was measured."""
