@@ -77,7 +77,7 @@ def gateway_front(level: int, upstream: dict[str, Any], statements: list[dict[st
             "One process keeps state in memory; for several workers or replicas set "
             "store: redis://HOST:6379/0 (more than one without Redis is refused at start-up).",
             "Add tenants with their rpm/tpm/max_concurrency/budget_usd_month, and a second "
-            "upstream with a weight for a canary (containers/gateway/README.md).",
+            "upstream with a weight for a canary (docs/gateway.md).",
         ],
     }
 

@@ -44,7 +44,7 @@ def own_process_group() -> dict:
     (``kernel.sched_autogroup_enabled``). On 2 cores, while vLLM's engine processes (which
     busy-poll each other with ``sched_yield``) generated in a session of their own, every
     other session's processes were kept off the CPU for up to 3 s at a time, the client
-    reading the stream included; ``containers/byo-vllm/bench/stream_gaps.py`` measures it."""
+    reading the stream included; ``benchmarks/server-vs-vllm/stream_gaps.py`` measures it."""
     if sys.version_info >= (3, 11):
         return {"process_group": 0}
     return {"preexec_fn": os.setpgrp}

@@ -47,7 +47,7 @@ def redis_selector(r: ResolvedSpec) -> dict[str, str]:
 
 
 def gateway_config(r: ResolvedSpec) -> dict[str, Any]:
-    """The gateway's config (containers/gateway/README.md): the base model and each adapter
+    """The gateway's config (docs/gateway.md): the base model and each adapter
     as a model, all answered by the in-cluster servers; a default tenant whose limits each
     key's tenant gets until the operator lists it."""
     service, port = model_service(r)

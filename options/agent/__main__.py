@@ -1,10 +1,10 @@
 """python -m options.agent: the knowledge agent on any rung, every call traced.
 
-    python -m options.agent --level 5 --docs docs/ --question "What does level 3 configure?"
-    python -m options.agent --level 1 --target aws --docs docs/ --question "..." --trace trace.json
-    python -m options.agent --level 3 --target aws --endpoint my-endpoint --instance ml.g5.xlarge --docs docs/ --question "..."
-    python -m options.agent --level 5 --url http://127.0.0.1:8080 --actions retrieve,analyse --docs docs/ --question "..."
-    python -m options.agent --level 1 --target aws --embeddings-url http://127.0.0.1:8081 --docs docs/ --question "..."
+    python -m options.agent --level 5 --docs examples/agent-docs/ --question "What does level 3 configure?"
+    python -m options.agent --level 1 --target aws --docs examples/agent-docs/ --question "..." --trace trace.json
+    python -m options.agent --level 3 --target aws --endpoint my-endpoint --instance ml.g5.xlarge --docs examples/agent-docs/ --question "..."
+    python -m options.agent --level 5 --url http://127.0.0.1:8080 --actions retrieve,analyse --docs examples/agent-docs/ --question "..."
+    python -m options.agent --level 1 --target aws --embeddings-url http://127.0.0.1:8081 --docs examples/agent-docs/ --question "..."
 
 It plans (one call choosing actions from a small registry), retrieves passages of the documents
 by embeddings (the server's POST /v1/embeddings when it answers, else a local embedding the

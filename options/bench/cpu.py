@@ -9,7 +9,7 @@ cost the same whatever serves in front of them.
     with cpu_by_process(server_pid) as by_process:   # or by what each process is
         ...load...
 
-Used by ``containers/byo-vllm/bench/run.py`` (this server against vLLM's own) and by the
+Used by ``benchmarks/server-vs-vllm/run.py`` (this server against vLLM's own) and by the
 bench's Ray hop (``options/bench/ray_hop.py``: a local Ray cluster against the plain server).
 """
 from __future__ import annotations

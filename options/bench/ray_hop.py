@@ -23,7 +23,7 @@ then does the same for the other; rounds alternate which goes first (plain ray, 
 two cores take CPU from each other even idle (vLLM's engine processes poll), so whichever was
 measured would carry the other's noise, and an idle Ray cluster (raylet, GCS, Serve
 controller, proxy) uses CPU of its own. Starting each contender per round costs a minute or
-so; ``containers/byo-vllm/bench/run.py`` does the same.
+so; ``benchmarks/server-vs-vllm/run.py`` does the same.
 
 Per run: ``--requests`` streaming requests at each ``--concurrency`` (closed loop, with
 ``ignore_eos`` so every request makes exactly ``--output-tokens``), after a warm-up burst of

@@ -29,7 +29,7 @@ LOG_TO_DRIVER = False
 # controller checks its deployments every 0.5 s instead of 0.1 s (autoscaling and replica
 # replacement react within half a second more), the raylet reports its resources every second,
 # and metrics are exported every minute. Measured against Ray's defaults, alternated in one run
-# (options/bench/results/ray-control-plane-ab-2026-12-03.json): idle 75 against 113 ms of CPU
+# (benchmarks/ray-hop/ray-control-plane-ab-2026-12-03.json): idle 75 against 113 ms of CPU
 # a second (the controller 36 -> 14, the GCS 19 -> 8), CPU per token ~15 % less at 8 and 32
 # streams, throughput within the spread. A variable already set in the environment wins.
 LOCAL_CONTROL_PLANE_ENV = {

@@ -1,5 +1,5 @@
 """Does a replay's measurement repeat? A measurement script, not a test; its output is in
-cost/simulate/results/repeatability-2026-12-04/.
+benchmarks/latency-model/repeatability-2026-12-04/.
 
 One local server (the suite's plain server: tiny model, 1,024-token context, eager), one capacity
 profile with the validation's trace mix, then the same ``--load 0.5`` replay five times, back to

@@ -9,7 +9,7 @@ of capacity itself, then by sending that mix at a steady 60 % and 85 % of it (th
 points: the regime a replay below capacity meets).
 
 A run that records (``$SPECTRUM_VALIDATION_OUT`` set: every figure is written there as JSON, the
-README's tables come from it) profiles the server right before each replay, since this
+tables of benchmarks/latency-model/README.md come from it) profiles the server right before each replay, since this
 machine's speed moves between minutes and a prediction is judged against a measurement of the
 same spell, and again right after it, which says how far the speed moved meanwhile (that
 prediction is recorded beside, not judged). CI paces all three from the one profile the
@@ -22,7 +22,7 @@ minutes (FACTS §4): at half the profile's capacity, p50 TTFT and E2E within a f
 measurement, so a wrong step model (10× off) or a wrong queue (no batching) fails; at 130 % a
 queue that grows in the prediction, and a measured TTFT no better than at 50 %. At 90 % a
 capacity 10-20 % off (as much as this machine's speed moves between minutes) doubles the
-queue: that ratio is recorded, not asserted, and the README reports it against the ±15 % /
+queue: that ratio is recorded, not asserted, and benchmarks/latency-model/README.md reports it against the ±15 % /
 ±25 % goal. What is asserted there is the prediction at the speed the replay's own requests
 decoded at (``at_replay_speed``): the queue and batching apart from the speed. Each profile and
 replay makes prompts of its own run (the bench's run tag), so none finds the one before it in

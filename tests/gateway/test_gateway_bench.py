@@ -1,4 +1,4 @@
-"""The gateway's benchmark runs end to end and reports what its README table is made of:
+"""The gateway's benchmark (benchmarks/gateway/run.py) runs end to end and reports what its README table is made of:
 a tiny run (one round, two concurrent clients, few streams) of the direct path, the floor
 relay and the gateway. Figures are not judged here (a benchmark is read, not timed in tests);
 what is checked is that every contender served every stream whole and was measured."""
@@ -8,9 +8,9 @@ import json
 import subprocess
 import sys
 
-from gateway_harness import GATEWAY_DIR
+from gateway_harness import REPO
 
-BENCH = GATEWAY_DIR / "bench" / "run.py"
+BENCH = REPO / "benchmarks" / "gateway" / "run.py"
 
 
 def test_a_tiny_run_measures_every_contender_and_loses_no_stream(tmp_path):

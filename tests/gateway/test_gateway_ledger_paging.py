@@ -2,7 +2,7 @@
 and the Redis store pages the stream (``XRANGE key start end COUNT n``, each page after the
 last id of the one before) so ``admin usage`` and ``cost bill`` read millions of entries.
 
-The 1,000,000-entry timing is ``tests/gateway/ledger_read_bench.py`` (README, "Tests").
+The 1,000,000-entry timing is ``tests/gateway/ledger_read_bench.py`` (docs/gateway.md, "Tests").
 """
 from __future__ import annotations
 

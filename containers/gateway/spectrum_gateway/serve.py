@@ -13,8 +13,8 @@ from spectrum_gateway.config import ConfigError
 from spectrum_gateway.errors import GatewayError
 
 
-def main(argv: list, prog: str = "serve") -> int:
-    """``argv`` without the program name; the image is run as ``IMAGE serve --config ...``."""
+def build_parser(prog: str = "serve") -> argparse.ArgumentParser:
+    """The gateway's flags (docs/gen_cli.py renders them into the CLI reference)."""
     parser = argparse.ArgumentParser(prog=prog, description="Spectrum's API gateway")
     parser.add_argument("serve", nargs="?", help=argparse.SUPPRESS)
     parser.add_argument("--config", default=os.environ.get("SPECTRUM_GATEWAY_CONFIG", "gateway.yaml"),
@@ -24,6 +24,12 @@ def main(argv: list, prog: str = "serve") -> int:
     parser.add_argument("--workers", type=int, default=1)
     parser.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
+    return parser
+
+
+def main(argv: list, prog: str = "serve") -> int:
+    """``argv`` without the program name; the image is run as ``IMAGE serve --config ...``."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if args.serve not in (None, "serve"):
         parser.error(f"unexpected argument {args.serve!r}")

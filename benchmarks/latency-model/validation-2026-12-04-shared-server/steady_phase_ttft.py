@@ -1,7 +1,7 @@
 """Each profile's steady phases simulated on that profile's own fitted model: mean, p50 and p99
 TTFT predicted against what the phase measured. Run from the repository root:
-``python cost/simulate/results/validation-2026-12-04-shared-server/steady_phase_ttft.py > OUT.json``.
-It reads every ``capacity*.json`` under cost/simulate/results that kept its steady phases."""
+``python benchmarks/latency-model/validation-2026-12-04-shared-server/steady_phase_ttft.py > OUT.json``.
+It reads every ``capacity*.json`` under benchmarks/latency-model that kept its steady phases."""
 import json
 import sys
 from pathlib import Path
@@ -14,7 +14,7 @@ from cost.simulate.fleet import run_fleet           # noqa: E402
 from cost.simulate.scaling import Fixed             # noqa: E402
 
 rows = []
-for path in sorted(Path("cost/simulate/results").rglob("capacity*.json")):
+for path in sorted(Path("benchmarks/latency-model").rglob("capacity*.json")):
     doc = json.loads(path.read_text())
     phases = (doc.get("capacity_profile") or {}).get("steady_phases")
     if not phases or "capacity_model" not in doc:
@@ -32,7 +32,7 @@ for path in sorted(Path("cost/simulate/results").rglob("capacity*.json")):
         answered = ~np.isnan(measured)
         stats = {name: [round(float(f(measured[answered])), 1), round(float(f(predicted[answered])), 1)]
                  for name, f in (("mean", np.mean), ("p50", np.median), ("p99", lambda a: np.percentile(a, 99)))}
-        rows.append({"profile": str(path.relative_to("cost/simulate/results")), "load": phase["load"],
+        rows.append({"profile": str(path.relative_to("benchmarks/latency-model")), "load": phase["load"],
                      "requests": int(answered.sum()),
                      "output_tok_s": round(float(outputs.sum() / (np.nanmax(sent) - np.nanmin(sent)))),
                      "ttft_ms_measured_predicted": stats,

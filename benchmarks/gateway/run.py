@@ -19,7 +19,7 @@ Per contender, level and round:
 Tables show each figure's median over the rounds with the range of the rounds beside it; a gap
 between contenders means something only where it is wider than those ranges.
 
-    .venv/bin/python containers/gateway/bench/run.py --rounds 3 --concurrency 1,8,32,64 \\
+    .venv/bin/python benchmarks/gateway/run.py --rounds 3 --concurrency 1,8,32,64 \\
         --contenders direct,gateway,gateway-redis \\
         --json /tmp/gateway-bench.json
 
@@ -57,8 +57,8 @@ from pathlib import Path
 import yaml
 
 HERE = Path(__file__).resolve().parent
-GATEWAY_DIR = HERE.parent
-REPO = GATEWAY_DIR.parent.parent
+REPO = HERE.parent.parent
+GATEWAY_DIR = REPO / "containers" / "gateway"
 sys.path.insert(0, str(REPO))
 
 from options.bench.metrics import percentile  # noqa: E402
@@ -120,7 +120,7 @@ def start(name: str, cmd: list[str], port: int, health: str, log_dir: Path,
     log = log_dir / f"{name}.log"
     # A session, so a scheduling autogroup, of its own, as the README's tables were measured.
     # Harmless here: no contender busy-polls, so none keeps the clients' group off the CPU
-    # (vLLM's engine does; containers/byo-vllm/README.md, "Long streams stalled").
+    # (vLLM's engine does; benchmarks/server-vs-vllm/README.md, "Long streams stalled").
     with open(log, "ab") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
                                 env={**os.environ, **(env or {})})

@@ -14,10 +14,10 @@ user+sys CPU time of every process in the server's tree except vLLM's engine pro
 
 Servers start as ``options.local_server`` starts them: a process group of their own in this
 process's session. A name ending in ``:own-session`` (``vllm:own-session``) starts that
-server in a session of its own instead, as before 2026-12-01 (see the README's "Long streams
+server in a session of its own instead, as before 2026-12-01 (see this folder's README, "Long streams
 stalled by how the server was started").
 
-    flock /tmp/spectrum-engine.lock .venv/bin/python containers/byo-vllm/bench/run.py \\
+    flock /tmp/spectrum-engine.lock .venv/bin/python benchmarks/server-vs-vllm/run.py \\
         --rounds 3 --json /tmp/byo-bench.json
 """
 from __future__ import annotations
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent.parent.parent
+REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO))
 
 from options.bench.cpu import cpu_used, frontend_cpu_s  # noqa: E402

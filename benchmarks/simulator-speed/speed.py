@@ -1,6 +1,6 @@
 """How long ``python -m cost simulate`` takes against the number of requests: the README's table.
 
-    python -m cost.simulate.speed [--rounds 3] [--requests 10000,100000,1000000]
+    python benchmarks/simulator-speed/speed.py [--rounds 3] [--requests 10000,100000,1000000]
 
 The shipped Azure conversation trace is scaled (``--scale``) to each request count and run
 through ``python -m cost simulate ... --json`` in a subprocess, all six rungs with the default
@@ -15,6 +15,10 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))   # run as a script from anywhere: cost is the checkout's
 
 BASE_ROWS = 19_366           # requests in the shipped trace
 
@@ -27,7 +31,7 @@ def one_run(requests: int, capacity_tok_s: float) -> tuple[float, int]:
                "--instance", "g5.xlarge", "--capacity", f"{capacity_tok_s:g}", "--slo-ttft-ms", "2000",
                "--slo-e2e-ms", "60000", "--json"]
     started = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True)
+    done = subprocess.run(command, capture_output=True, text=True, cwd=REPO)   # this checkout's cost
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"simulate exited {done.returncode}: {done.stderr.strip()}")
@@ -35,7 +39,7 @@ def one_run(requests: int, capacity_tok_s: float) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m cost.simulate.speed", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python benchmarks/simulator-speed/speed.py", description=__doc__.split("\n")[0])
     p.add_argument("--requests", default="10000,100000,1000000")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--capacity", type=float, default=1500.0, help="output tok/s of one replica (default 1500)")

@@ -6,7 +6,7 @@ does. What it costs per token and per request is what any gateway on this stack 
 least.
 
     SPECTRUM_FLOOR_UPSTREAM=http://127.0.0.1:PORT/u/fake/v1 \\
-        python -m uvicorn --app-dir containers/gateway/bench floor_relay:app --port 8001
+        python -m uvicorn --app-dir benchmarks/gateway floor_relay:app --port 8001
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "containers" / "gateway"))
 
 from spectrum_gateway.asgi import writer  # noqa: E402
 from spectrum_gateway.http1 import Pool  # noqa: E402

@@ -6,7 +6,7 @@ with their headers cut short, half with complete headers and half a body), time 
 process of its own (as SageMaker's health checker) while they are open, close them, and
 check that the server still answers a request.
 
-    flock /tmp/spectrum-engine.lock .venv/bin/python containers/byo-vllm/bench/slow_clients.py \\
+    flock /tmp/spectrum-engine.lock .venv/bin/python benchmarks/server-vs-vllm/slow_clients.py \\
         --servers byo,vllm --connections 1000
 """
 from __future__ import annotations

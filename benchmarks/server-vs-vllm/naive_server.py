@@ -4,7 +4,7 @@ transformers ``generate`` on a fixed batch of up to 4 requests taken first-in fi
 batch runs to its end before the next one starts (no continuous batching, no paged KV
 cache). It answers just what the benchmark sends: streaming ``POST /v1/completions``.
 
-    python containers/byo-vllm/bench/naive_server.py --model DIR --port 8001
+    python benchmarks/server-vs-vllm/naive_server.py --model DIR --port 8001
 """
 from __future__ import annotations
 

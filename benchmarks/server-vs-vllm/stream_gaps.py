@@ -13,7 +13,7 @@ Both servers are loaded at once (an idle engine stops polling after a second); e
 streams once from each, in an order that alternates from round to round. A gap is the time
 between two consecutive events as the client reads them.
 
-    flock /tmp/spectrum-engine.lock .venv/bin/python containers/byo-vllm/bench/stream_gaps.py \\
+    flock /tmp/spectrum-engine.lock .venv/bin/python benchmarks/server-vs-vllm/stream_gaps.py \\
         --rounds 6 --tokens 1800
 """
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 
 import requests
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from options.local_server import LocalServer  # noqa: E402
 from options.tiny_model import tiny_model_dir  # noqa: E402
