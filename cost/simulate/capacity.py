@@ -47,7 +47,7 @@ Two ways to get a model:
   a linear step model drawn between small synchronous bursts and a full batch is too slow in
   between. Each steady group weighs ``STEADY_WEIGHT`` points (compared offline over those runs:
   1 helped less below capacity, 6 made the 130 % predictions worse); weighing the saturation
-  point as all of them together instead made 130 % worse again (README, run 9).
+  point as all of them together instead made 130 % worse again (benchmarks/latency-model/README.md, run 9).
 - ``from_throughput``: a stated GPU replica scaled to a measured or assumed output tok/s, for
   when no capacity bench exists (see ``GPU_DEFAULTS``).
 """
