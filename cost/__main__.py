@@ -484,11 +484,22 @@ def cmd_recommend(args):
             from cost.search import deploy_options, render_search
             chosen = found["best"] or found["closest"]
             data["search"] = found
+            extra = ["--model", args.spec_model, *deploy_options(chosen, args.max_num_seqs or 256)]
             if data["deploy"].get("argv") and data["level"] in (3, 4, 5):
-                extra = ["--model", args.spec_model, *deploy_options(chosen, args.max_num_seqs or 256)]
                 data["deploy"]["argv"] += extra
                 data["deploy"]["command"] += " " + " ".join(shlex_quote(a) for a in extra)
                 data["deploy"]["plan_command"] += " " + " ".join(shlex_quote(a) for a in extra)
+            elif data["level"] == 2:
+                # JumpStart chooses its own serving configuration: the searched one is rung 3's.
+                from cost.recommend import deploy_command
+                rows = {r["level"]: r for r in sim["rungs"]}
+                if 3 in rows:
+                    lmi = deploy_command(3, rows[3]["policy"], table_from(args).instance(args.instance),
+                                         args.model)
+                    data["deploy"]["notes"].append(
+                        f"JumpStart picks its own serving configuration; the one searched (TP {chosen['tp']}, "
+                        f"{chosen['dtype']}) deploys on rung 3 at the same price: " + lmi["command"] + " "
+                        + " ".join(shlex_quote(a) for a in extra))
             return data, lambda d: (render_search(d["search"]), render_trace(d))
         return data, render_trace
     from cost.recommend import refuse_simulation_flags
