@@ -566,13 +566,26 @@ def cmd_agent(args):
 
 # The gateway's package lives beside its scripts, as byo_vllm's does; read through it (its own
 # config loader and store), never a copy. Imported here, in the CLI, so cost itself stays below it.
+# An install carries it (spectrum_gateway); a checkout run without one finds it in this folder.
 GATEWAY_DIR = Path(__file__).resolve().parents[1] / "containers" / "gateway"
 
 
+def import_gateway(module: str):
+    """The gateway's module, installed or from the checkout; a missing extra says which."""
+    import importlib
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == "spectrum_gateway" and (GATEWAY_DIR / "spectrum_gateway").is_dir():
+            sys.path.insert(0, str(GATEWAY_DIR))
+            return import_gateway(module)
+        raise BadInput(f"reading the gateway's config and ledger needs {exc.name}, which is not installed "
+                       f"here: pip install 'spectrum[gateway]' (or give the records with --usage FILE)") from None
+
+
 def gateway_config(path: str):
-    if str(GATEWAY_DIR) not in sys.path:
-        sys.path.insert(0, str(GATEWAY_DIR))
-    from spectrum_gateway.config import ConfigError, load_config
+    config = import_gateway("spectrum_gateway.config")
+    ConfigError, load_config = config.ConfigError, config.load_config
     try:
         return load_config(path)
     except ConfigError as exc:
@@ -592,8 +605,8 @@ def gateway_ledger(config, month) -> tuple[list[dict], str]:
                            f"Run bill there, or give the records with --usage FILE "
                            f"(`containers/gateway/admin --config {config.path.name} usage --json > FILE`)")
         return read_usage(path), f"memory store ledger {path}"
-    from spectrum_gateway.errors import GatewayError
-    from spectrum_gateway.store import open_store
+    GatewayError = import_gateway("spectrum_gateway.errors").GatewayError
+    open_store = import_gateway("spectrum_gateway.store").open_store
 
     async def read():
         # Read a page at a time (the store's XRANGE ... COUNT), each page's records checked as

@@ -23,7 +23,7 @@ COMMANDS = {
 }
 GATEWAY_COMMANDS = {"serve": "spectrum_gateway.serve", "admin": "spectrum_gateway.admin"}
 # In a checkout the images' packages sit beside their Dockerfiles (the images' scripts put
-# them on sys.path the same way); an install carries byo_vllm but not the gateway.
+# them on sys.path the same way); an install carries both (byo_vllm, spectrum_gateway).
 CHECKOUT = Path(__file__).resolve().parents[1]
 IMAGE_DIRS = {"byo_vllm": CHECKOUT / "containers" / "byo-vllm",
               "spectrum_gateway": CHECKOUT / "containers" / "gateway"}
@@ -61,9 +61,9 @@ def _gateway(argv: list[str]) -> int:
     try:
         module = _import(GATEWAY_COMMANDS[argv[0]])
     except ImportError as exc:
-        print(f"spectrum gateway: the gateway cannot be imported here ({exc}). It ships in a "
-              "checkout (containers/gateway) with its extra: pip install -e '.[gateway]' from the "
-              "repository, or run its image (containers/gateway/build).", file=sys.stderr)
+        print(f"spectrum gateway: the gateway cannot be imported here ({exc}). It needs its "
+              "extra: pip install 'spectrum[gateway]' (pip install -e '.[gateway]' in a checkout), "
+              "or run its image (containers/gateway/build).", file=sys.stderr)
         return 1
     return module.main(argv[1:], prog=f"spectrum gateway {argv[0]}")
 

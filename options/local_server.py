@@ -72,7 +72,11 @@ class LocalServer:
         return f"http://127.0.0.1:{self.port}"
 
     def command(self) -> list[str]:
-        return [self.python, str(SERVE_SCRIPT), "serve"]
+        if SERVE_SCRIPT.exists():
+            return [self.python, str(SERVE_SCRIPT), "serve"]
+        # Installed from a wheel, with no checkout: the script's own two lines, on the installed byo_vllm.
+        return [self.python, "-c", "import sys; from byo_vllm.entrypoint import main; sys.exit(main(sys.argv[1:]))",
+                "serve"]
 
     def spawn_options(self) -> dict:
         """How the server's process is placed (see ``own_process_group``)."""

@@ -4,6 +4,7 @@ see ``own_process_group``)."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 import time
 
@@ -55,3 +56,13 @@ def _state(pid: int) -> str:
             return f.read().rsplit(")", 1)[1].split()[0]
     except FileNotFoundError:
         return "gone"
+
+
+def test_without_a_checkout_the_server_runs_the_installed_byo_vllm(monkeypatch):
+    # A wheel carries byo_vllm but not containers/byo-vllm/serve: the command runs the same main.
+    import options.local_server as local_server
+    monkeypatch.setattr(local_server, "SERVE_SCRIPT", local_server.REPO_ROOT / "no-such-serve-script")
+    command = local_server.LocalServer({}, python=sys.executable).command()
+    assert command[-1] == "serve" and "no-such-serve-script" not in " ".join(command)
+    done = subprocess.run(command[:-1] + ["train"], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "unexpected arguments ['train']" in done.stderr, done.stderr[-2000:]
