@@ -53,12 +53,20 @@ def rendered_serve_config(model: str, adapters_dir: Path) -> dict:
     args = config["applications"][0]["args"]
     args.update(model=model, engine_num_gpus=0, engine_num_cpus=1,
                 autoscaling_config=AUTOSCALING)
+    # VLLM_CPU_OMP_THREADS_BIND: vLLM on CPU binds each engine's worker to the NUMA node's
+    # first free core ("auto"): every replica on this one node to core 0, so a second replica
+    # loaded on the core the first one generates on (a scale-up took over 11 minutes against a
+    # 4-minute deploy). Unbound, the OS spreads them over the cores Ray offers.
     args["settings"].update(SM_VLLM_ENFORCE_EAGER="", VLLM_CPU_KVCACHE_SPACE="1",
+                            VLLM_CPU_OMP_THREADS_BIND="nobind",
                             SPECTRUM_SERVER_ADAPTERS_DIR=str(adapters_dir))
     return config
 
 
-def wait_for_app(name: str, timeout_s: float = 300) -> None:
+def wait_for_app(name: str, timeout_s: float = 600) -> None:
+    """Waits for the application to run: its deploy is an engine load, the first this machine
+    makes, so nothing measured bounds it yet; the wait ends as soon as Serve says RUNNING (or
+    DEPLOY_FAILED). On a shared 2-core machine a deploy has taken from 90 s to over 300 s."""
     from ray import serve
 
     deadline = time.monotonic() + timeout_s
