@@ -90,13 +90,17 @@ def test_gateway_admin_is_the_gateway_s_own_parser(capsys):
 
 
 def test_gateway_says_plainly_when_it_is_not_installed(tmp_path):
-    """An install without the checkout's containers/: only the options package is there."""
+    """An install without the gateway's extra: spectrum_gateway is packaged, but what it imports
+    is not there (a stand-in package first on the path fails its import as that would)."""
     (tmp_path / "options").mkdir()
     for name in ("__init__.py", "cli.py"):
         (tmp_path / "options" / name).write_text((REPO / "options" / name).read_text())
+    (tmp_path / "spectrum_gateway").mkdir()
+    (tmp_path / "spectrum_gateway" / "__init__.py").write_text("raise ImportError(\"No module named 'orjson'\")\n")
     done = run("-c", ENTRY, "gateway", "serve", env={**os.environ, "PYTHONPATH": str(tmp_path)}, cwd=tmp_path)
     assert done.returncode == 1
     assert "the gateway cannot be imported here" in done.stderr and "Traceback" not in done.stderr
+    assert "pip install 'spectrum[gateway]'" in done.stderr
 
 
 def test_start_up_imports_nothing_heavy():
