@@ -152,6 +152,101 @@ def refuse_other_platforms_autoscaling(level: int, argv: list[str]) -> None:
                        f"{HOW_IT_SCALES[r.platform]}")
 
 
+# ----------------------------------------------------------------------------------- targets
+
+# What a command line chose: --plan, --status, --down and (levels 1-5) --gateway act instead of the
+# --target; at level 6, --target local with --engine rayservice serves on a local Ray instead of
+# rendering. docs/deploy/index.md has the table of what each does at each level.
+RAY_HERE = "--target local --engine rayservice"
+SERVES_HERE = ("--target local at levels 3-5 (the server on this machine) and at level 6 with "
+               "--engine rayservice (a local Ray)")
+AWS_CALLS = "--target emulator, --target aws, --status and --down (the targets that send AWS requests)"
+LEVEL6_STACK = ("level 6's rendered stack: --target local with --engine deployment (renders and "
+                "validates into --out), --plan, --target emulator, --target aws, --status and --down")
+
+
+def chosen_target(level: int, args: argparse.Namespace) -> str:
+    for verb in ("plan", "status", "down"):
+        if getattr(args, verb):
+            return f"--{verb}"
+    if args.gateway and rung(level).platform != EC2:
+        return "--gateway"
+    if args.target == "local" and getattr(args, "engine", None) == "rayservice":
+        return RAY_HERE
+    return f"--target {args.target}"
+
+
+def what_it_does(level: int, chosen: str) -> str:
+    r = rung(level)
+    if chosen == "--target local":
+        return ("serves here" if r.serves_locally else
+                "renders and validates the EKS stack into --out" if r.platform == EC2 else
+                "prints the plan and its cost, as the rung runs only in AWS")
+    return {RAY_HERE: "serves on a local Ray and writes no files",
+            "--plan": "prints the requests and their cost; nothing is sent, started or written",
+            "--status": "reports the deployment's state", "--down": "removes the deployment",
+            "--gateway": "prints the gateway's config, IAM policy and commands",
+            "--target emulator": "runs the AWS requests against a local AWS",
+            "--target aws": "deploys to your account"}[chosen]
+
+
+def _serves_here(level: int, chosen: str) -> bool:
+    return chosen == RAY_HERE or (chosen == "--target local" and rung(level).serves_locally)
+
+
+# flag → (does the chosen target at this level use it?, the targets that do)
+TARGET_FLAGS: dict[str, tuple[Any, str]] = {
+    "--once": (_serves_here, SERVES_HERE),
+    "--port": (_serves_here, SERVES_HERE),
+    "--endpoint-url": (lambda level, chosen: chosen in ("--target emulator", "--target aws", "--status",
+                                                        "--down"), AWS_CALLS),
+}
+
+
+def _level6_stack_flag(level: int, chosen: str) -> bool:
+    return chosen != RAY_HERE
+
+
+def flags_given(parser: argparse.ArgumentParser, argv: list[str]) -> set[str]:
+    """The flags ``argv`` gives (however abbreviated), each by its first option string: a parse
+    with every default suppressed leaves only what was given."""
+    defaults = {action: action.default for action in parser._actions}
+    try:
+        for action in defaults:
+            action.default = argparse.SUPPRESS
+        given = vars(parser.parse_args(argv))
+    finally:
+        for action, default in defaults.items():
+            action.default = default
+    return {a.option_strings[0] for a in parser._actions if a.option_strings and a.dest in given}
+
+
+def _and(flags: list[str]) -> str:
+    return ", ".join(flags[:-1]) + " and " + flags[-1] if len(flags) > 1 else flags[0]
+
+
+def refuse_flags_the_target_does_not_use(level: int, args: argparse.Namespace, given: set[str]) -> None:
+    """A flag the chosen target ignores is refused before anything starts or is written: exit 2
+    naming the flag, the target chosen and the targets that use it."""
+    chosen = chosen_target(level, args)
+    rules = dict(TARGET_FLAGS)
+    if level == 6:
+        from options.eks import LOCAL_RAY_IGNORES
+        rules.update({flag: (_level6_stack_flag, LEVEL6_STACK) for flag in LOCAL_RAY_IGNORES})
+    unused = sorted(flag for flag in given if flag in rules and not rules[flag][0](level, chosen))
+    if not unused:
+        return
+    by_users: dict[str, list[str]] = {}
+    for flag in unused:
+        by_users.setdefault(rules[flag][1], []).append(flag)
+    one = len(unused) == 1
+    raise BadInput(f"{_and(unused)} {'is' if one else 'are'} not used by {chosen} at level {level} "
+                   f"({what_it_does(level, chosen)}); "
+                   + "; ".join(f"{_and(flags)} {'is' if len(flags) == 1 else 'are'} for {users}"
+                               for users, flags in by_users.items())
+                   + f". Drop {'it' if one else 'them'}, or choose a target that uses {'it' if one else 'them'}")
+
+
 def parse_args(argv: list[str], prog: str = "python -m options.deploy") -> argparse.Namespace:
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--level", type=int)
@@ -162,7 +257,11 @@ def parse_args(argv: list[str], prog: str = "python -m options.deploy") -> argpa
     elif not {"-h", "--help"} & set(argv):
         raise BadInput("--level N is required: " + "; ".join(f"{r.level} = {r.name}" for r in RUNGS)
                        + f". e.g. {prog} --level 3 (see --help)")
-    return build_parser(known.level, prog).parse_args(argv)
+    parser = build_parser(known.level, prog)
+    args = parser.parse_args(argv)
+    if known.level is not None:
+        refuse_flags_the_target_does_not_use(known.level, args, flags_given(parser, argv))
+    return args
 
 
 def local_server_env(level: int, model: str | None = None, options: list[str] | tuple[str, ...] = ()):

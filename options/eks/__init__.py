@@ -145,6 +145,16 @@ def add_arguments(group: argparse._ArgumentGroup) -> None:
                    help="gateway pods (default 2), e.g. 3")
 
 
+# The flags only the rendered stack uses: --target local with --engine rayservice serves the
+# application on a local Ray from --model, --option, --adapter and the replica and Serve flags,
+# and refuses these (options.deploy names the targets that use them).
+LOCAL_RAY_IGNORES = (
+    "--instance-type", "--name", "--region", "--gateway", "--image", "--gpu-type", "--gpus-per-replica",
+    "--tensor-parallel-size", "--max-model-len", "--target-cpu", "--target-waiting", "--rate-limit-rps",
+    "--rate-limit-burst", "--edge", "--namespace", "--cluster-name", "--gpu-nodes", "--capacity-type",
+    "--out", "--no-prefix-caching", "--gateway-image", "--gateway-replicas")
+
+
 def _as_list(value) -> list[str]:
     return [value] if isinstance(value, str) else list(value or [])
 
