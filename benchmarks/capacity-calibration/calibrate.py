@@ -6,10 +6,12 @@
 
 What is fitted (every other figure is a spec or a stated prior): per GPU family with points
 (hopper, ampere, ada) the achieved share of peak bandwidth and of dense matmul FLOP/s; shared by
-all, the fixed costs per layer, step, sequence and request, the PCIe all-reduce latency and the
-weight-only kernels' matmul rate. Blackwell has no public vLLM point here and borrows Hopper's.
-The loss is the sum of squared log errors (a 2x miss weighs the same either way), bounded to
-physical ranges. scipy's least_squares, bounded trust region.
+all, the fixed costs per layer, step, sequence and request, the PCIe all-reduce latency, the
+weight-only and MoE kernels' matmul rates and the KV read bandwidth; beside them, one output cap
+per serving stack whose own points show a limit outside the engine (points.json's output_caps).
+Blackwell has no public vLLM point here and borrows Hopper's. The loss is the sum of squared log
+errors (a 2x miss weighs the same either way) plus a prior on each parameter, bounded to physical
+ranges; Powell's derivative-free search (see fit).
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cost.hardware.calibration import errors  # noqa: E402
+from cost.hardware.calibration import errors, shipped_output_caps  # noqa: E402
 from cost.hardware.roofline import DATA, Efficiency, efficiency_table  # noqa: E402
 
 FAMILIES = ("hopper", "ampere", "ada")
@@ -42,6 +44,18 @@ PARAMETERS = ([(f"{f}.bandwidth", 0.4, 1.0, 0.85, 0.1) for f in FAMILIES]
                  ("allreduce_pcie_s", 5e-6, 5e-4, 3e-5, 1.0), ("weight_only_gemm", 0.2, 1.0, 0.6, 0.3),
                  ("moe_gemm", 0.05, 1.0, 0.5, 0.5), ("kv_bandwidth", 0.2, 1.0, 0.7, 0.3)])
 PRIORS = {"attention_of_gemm": 0.7, "link": 0.7, "allreduce_nvlink_s": 8e-6}
+# A serving stack's output cap (points.json's ``output_caps``), fitted beside the efficiencies on
+# its own points: tok/s, bounds, prior and a spread wide enough to leave it to its points.
+CAP = (100.0, 1e5, 3000.0, 3.0)
+
+
+def parameters(caps=()) -> list[tuple]:
+    """The fitted parameters: the efficiencies, then one output cap per serving stack named."""
+    return PARAMETERS + [(f"cap:{c}", *CAP) for c in caps]
+
+
+def caps_in(points) -> list[str]:
+    return sorted({p["output_cap"] for p in points if p.get("output_cap")})
 
 
 def efficiencies(values: dict[str, float], source: str = "fit") -> dict[str, Efficiency]:
@@ -65,31 +79,46 @@ def fitted(points) -> list[dict]:
     return [p for p in points if p.get("fit", True)]
 
 
-def residuals(x, points, means) -> np.ndarray:
+def prior_values() -> dict[str, float]:
+    return {name: prior for name, _, _, prior, _ in PARAMETERS}
+
+
+def residuals(x, points, means, params=PARAMETERS, held: dict[str, float] | None = None) -> np.ndarray:
     """Log errors of every figure, then each parameter's log distance from its prior over its
-    spread (a maximum a posteriori fit: the data move a parameter as far as they agree to)."""
-    values = {name: v for (name, *_), v in zip(PARAMETERS, x)}
+    spread (a maximum a posteriori fit: the data move a parameter as far as they agree to).
+    ``held``: parameters kept at these values, not searched."""
+    values = {**(held or {}), **{name: v for (name, *_), v in zip(params, x)}}
     effs = efficiencies(values)
-    rows = errors(points, means, efficiency_for=effs.__getitem__)
+    rows = errors(points, means, efficiency_for=effs.__getitem__, output_caps=output_caps(values))
     data = [math.log(max(1e-6, 1 + r["error"])) for r in rows]
-    prior = [math.log(v / p[3]) / p[4] for p, v in zip(PARAMETERS, x)]
+    prior = [math.log(v / p[3]) / p[4] for p, v in zip(params, x)]
     return np.array(data + prior)
 
 
-def fit(points, means, evaluations: int = 700) -> dict[str, float]:
+def fit(points, means, evaluations: int = 700, engine_at_priors: bool = False) -> dict[str, float]:
     """Powell's derivative-free search on the summed squares, in log-parameter space (fixed costs
     span decades). Derivative-free because each figure comes out of a discrete-event run, whose
-    finite differences are noise at small steps: a gradient method stopped after ~30 evaluations."""
+    finite differences are noise at small steps: a gradient method stopped after ~30 evaluations.
+    ``engine_at_priors``: the efficiencies stay at their priors and only the output caps are fitted."""
     from scipy.optimize import minimize
 
-    low = np.log([p[1] for p in PARAMETERS])
-    high = np.log([p[2] for p in PARAMETERS])
-    start = np.log([p[3] for p in PARAMETERS])
     train = fitted(points)
-    result = minimize(lambda z: float(np.sum(residuals(np.exp(z), train, means) ** 2)), start, method="Powell",
+    params = parameters(caps_in(train))
+    held = None
+    if engine_at_priors:
+        params, held = params[len(PARAMETERS):], prior_values()
+    low = np.log([p[1] for p in params])
+    high = np.log([p[2] for p in params])
+    start = np.log([p[3] for p in params])
+    result = minimize(lambda z: float(np.sum(residuals(np.exp(z), train, means, params, held) ** 2)), start,
+                      method="Powell",
                       bounds=list(zip(low, high)), options={"maxfev": evaluations, "xtol": 1e-3, "ftol": 1e-4})
     print(f"Powell: {result.message} ({result.nfev} evaluations, sum of squares {result.fun:.4g})", flush=True)
-    return {name: float(v) for (name, *_), v in zip(PARAMETERS, np.exp(result.x))}
+    return {**(held or {}), **{name: float(v) for (name, *_), v in zip(params, np.exp(result.x))}}
+
+
+def output_caps(values: dict[str, float]) -> dict[str, float]:
+    return {name.removeprefix("cap:"): v for name, v in values.items() if name.startswith("cap:")}
 
 
 def table(rows) -> str:
@@ -104,15 +133,23 @@ def median_abs(rows) -> float:
     return float(np.median([abs(r["error"]) for r in rows])) if rows else math.nan
 
 
-def write_table(values: dict[str, float], points) -> Path:
+# Why the efficiencies are what they are when they stay at their priors (--engine-at-priors).
+AT_PRIORS = ("the priors of benchmarks/capacity-calibration/calibrate.py (PARAMETERS), kept because, left out "
+             "one source at a time, they predicted the unseen public points better than a fit on the others "
+             "(benchmarks/capacity-calibration/README.md); checked against every point of points.json: ")
+
+
+def write_table(values: dict[str, float], points, engine_at_priors: bool = False) -> Path:
     today = datetime.date.today().isoformat()
     points = fitted(points)
     ids = ", ".join(p["id"] for p in points)
+    how = AT_PRIORS if engine_at_priors else "fitted on every point of points.json: "
     doc = {"schema": "spectrum.efficiency/1", "as_of": today,
-           "note": "Fitted by benchmarks/capacity-calibration/calibrate.py on the public vLLM measurements in "
-                   "benchmarks/capacity-calibration/points.json (FACTS §13); none of the held-out sets.",
+           "note": ("Chosen" if engine_at_priors else "Fitted") + " by benchmarks/capacity-calibration/calibrate.py "
+                   "on the public vLLM measurements in benchmarks/capacity-calibration/points.json (FACTS §13); "
+                   "none of the held-out sets.",
            "families": {f: {"bandwidth": round(values[f"{f}.bandwidth"], 4), "gemm": round(values[f"{f}.gemm"], 4),
-                            "source": f"fitted on the {f} points of points.json: "
+                            "source": (AT_PRIORS if engine_at_priors else f"fitted on the {f} points of points.json: ")
                                       + ", ".join(p["id"] for p in points if _family(p) == f)}
                         for f in FAMILIES},
            "shared": {"attention_of_gemm": PRIORS["attention_of_gemm"],
@@ -123,10 +160,15 @@ def write_table(values: dict[str, float], points) -> Path:
                       "allreduce_s": {"nvlink": PRIORS["allreduce_nvlink_s"],
                                       "pcie": float(f"{values['allreduce_pcie_s']:.4g}")},
                       "link": PRIORS["link"],
-                      "source": f"fitted on every point of points.json ({ids}); priors (not fitted): attention "
+                      "source": f"{how}{ids}; priors (not fitted): attention "
                                 f"at {PRIORS['attention_of_gemm']} of the matmul rate, NVLink all-reduce "
                                 f"{PRIORS['allreduce_nvlink_s'] * 1e6:g} µs (vLLM's custom all-reduce), links at "
                                 f"{PRIORS['link']} of their bandwidth"}}
+    doc["output_caps"] = {
+        "fitted": {cap: round(v) for cap, v in output_caps(values).items()},
+        "why": "tok/s: the rate at which each serving stack named by points.json's output_caps handed tokens on, "
+               "fitted beside the efficiencies so that a limit outside the engine is not read as a slow engine. "
+               "Calibration only: no prediction applies them."}
     doc["families"]["blackwell"] = {"same_as": "hopper", "why": "no public vLLM measurement on B200 among the "
                                                                 "calibration points"}
     path = DATA / f"efficiency-{today}.json"
@@ -146,16 +188,20 @@ def main() -> int:
     ap.add_argument("--loo", action="store_true", help="leave each source out in turn and predict it")
     ap.add_argument("--json", metavar="FILE", help="write the rows as JSON")
     ap.add_argument("--evaluations", type=int, default=700, help="Powell's budget per fit (default 700)")
+    ap.add_argument("--engine-at-priors", action="store_true",
+                    help="keep the efficiencies at their priors and fit only the output caps (what --loo chose "
+                         "on 2026-12-05); --write then ships the priors")
     args = ap.parse_args()
     doc = json.loads((HERE / "points.json").read_text())
     points, means = doc["points"], doc["sharegpt_means"]
-    shipped = errors(points, means)
+    shipped = errors(points, means, output_caps=shipped_output_caps())
     print(f"shipped ({efficiency_table()['file']}): median |error| {median_abs(shipped) * 100:.1f} %")
-    values = fit(points, means, args.evaluations)
+    values = fit(points, means, args.evaluations, args.engine_at_priors)
     print(json.dumps(values, indent=1))
-    rows = errors(points, means, efficiency_for=efficiencies(values).__getitem__)
+    rows = errors(points, means, efficiency_for=efficiencies(values).__getitem__, output_caps=output_caps(values))
     print(table(rows))
-    print(f"fitted: median |error| {median_abs(rows) * 100:.1f} % over {len(rows)} figures")
+    print(f"{'at the priors' if args.engine_at_priors else 'fitted'}: median |error| "
+          f"{median_abs(rows) * 100:.1f} % over {len(rows)} figures")
     out = {"fit": values, "rows": rows}
     if args.loo:
         # Each source left out in turn: fitted on the others, predicted beside the priors alone
@@ -178,7 +224,7 @@ def main() -> int:
               f"figures; the priors alone {median_abs(prior_rows) * 100:.1f} %")
         out["leave_one_source_out"] = {"fitted": loo_rows, "priors": prior_rows, "prior_values": prior_values}
     if args.write:
-        print(f"wrote {write_table(values, points)}")
+        print(f"wrote {write_table(values, points, args.engine_at_priors)}")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0
