@@ -215,12 +215,15 @@ def plot_search(result: dict[str, Any], path: str) -> None:
 
 
 def render_search(result: dict[str, Any]) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from cost.render import console
 
     t = Table(title="the search: instance × TP × dtype (rung 3, LMI)")
     for col in ("instance", "TP", "dtype", "KV tokens", "sat. tok/s", "floor $", "SLO met", "$/month", "status"):
-        t.add_column(col, justify="right" if col not in ("instance", "dtype", "status") else "left")
+        # every column but the status whole: an instance cut to "ml.g6…" names no instance
+        t.add_column(col, justify="right" if col not in ("instance", "dtype", "status") else "left",
+                     no_wrap=col != "status")
     for r in sorted(result["candidates"], key=lambda r: (r.get("monthly_usd", math.inf), r.get("floor_usd", math.inf))):
         t.add_row(r["instance"], str(r.get("tp", "")), r["dtype"], f"{r['kv_cache_tokens']:,}" if "kv_cache_tokens" in r
                   else "", f"{r['saturated_output_tok_s']:,.0f}" if "saturated_output_tok_s" in r else "",
@@ -228,7 +231,7 @@ def render_search(result: dict[str, Any]) -> None:
                   f"{r['slo_attainment']:.1%}" if "slo_attainment" in r else "",
                   f"{r['monthly_usd']:,.0f}" if "monthly_usd" in r else "",
                   ("★ " if _same(r, result["best"]) else "") + r["status"])
-    Console().print(t)
+    console.print(t)
 
 
 def _same(row: dict[str, Any], other: dict[str, Any] | None) -> bool:
