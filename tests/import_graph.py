@@ -9,6 +9,8 @@ options.agent, cost.__main__ and other ``__main__`` modules) → ``rungs`` (the 
 options/) → shared services (the rest of ``options``, ``cost``, ``infra``) → ``core``
 (options.core). Each image's package under containers/ is a layer of its own. Rules:
 - no cycle between layers;
+- no cycle between modules (a ``__main__`` parses and dispatches; what two modules share lives
+  in a third, named for what it holds);
 - the core imports nothing of the project but itself;
 - the bring-your-own image's package (byo_vllm) imports nothing of the project but itself and
   the core: the image carries only those, so what the tests run is what the image runs.
@@ -170,8 +172,17 @@ def cycles(edges) -> list[list[str]]:
     return found
 
 
+def module_cycles(g: Graph) -> list[str]:
+    """Each cycle between the project's modules, with the imports that close it."""
+    out = []
+    for component in cycles(g.edges):
+        inside = sorted(f"{a} → {b}" for a, b in g.edges if a in component and b in component)
+        out.append(f"cycle between modules {' ⇄ '.join(component)}: " + "; ".join(inside))
+    return out
+
+
 def violations(g: Graph) -> list[str]:
-    problems = []
+    problems = module_cycles(g)
     layer_edges = g.layer_edges()
     for component in cycles(layer_edges):
         inside = sorted(e for (a, b), es in layer_edges.items()

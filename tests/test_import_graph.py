@@ -1,5 +1,5 @@
-"""The layers keep their shape: no cycle between them, the core imports nothing of the project,
-and the image's package imports only itself and the core. Read from the source (every import
+"""The layers keep their shape: no cycle between them or between modules, the core imports
+nothing of the project, and the image's package imports only itself and the core. Read from the source (every import
 statement, lazy ones inside functions too), so a new import is checked before anything runs it.
 Print the graph with ``python tests/import_graph.py [--modules]``."""
 from __future__ import annotations
@@ -9,11 +9,17 @@ import sys
 from pathlib import Path
 
 import import_graph
-from import_graph import Graph, collect, cycles, violations
+from import_graph import Graph, collect, cycles, module_cycles, violations
 
 
 def test_the_project_keeps_its_layers():
     assert violations(collect()) == []
+
+
+def test_no_module_imports_one_that_imports_it_back():
+    """Lazy imports count: a circle closed inside a function is a circle all the same."""
+    found = module_cycles(collect())
+    assert found == [], "import cycles between modules:\n" + "\n".join(found)
 
 
 def test_the_walker_sees_lazy_and_relative_imports():
@@ -41,6 +47,11 @@ def test_a_cycle_and_a_stray_image_import_are_reported():
     assert any(p.startswith("the core imports cost") for p in problems), problems
     assert not any("byo_vllm.config" in p for p in problems), "the core is allowed"
     assert cycles([("a", "b"), ("b", "c"), ("c", "a"), ("c", "d")]) == [["a", "b", "c"]]
+    g = Graph(edges={("options.x.__main__", "options.x.run"): {"x.py"},
+                     ("options.x.run", "options.x.__main__"): {"run.py"}})
+    assert module_cycles(g) == ["cycle between modules options.x.__main__ ⇄ options.x.run: "
+                                "options.x.__main__ → options.x.run; options.x.run → options.x.__main__"]
+    assert module_cycles(g)[0] in violations(g)
 
 
 def test_the_command_prints_the_graph():

@@ -7,7 +7,8 @@ import inspect
 import pytest
 
 from options import contract
-from options.bench.__main__ import _server_env, build_parser
+from options.bench.__main__ import build_parser
+from options.bench.target import _server_env
 from options.core import LEVELS, RUNGS, BadInput, rung, wire
 from options.plan import Deployment
 from options.spectrum import VERBS, check_target, rung_module

@@ -442,7 +442,8 @@ def adapters_json(plan: AdapterPlan, runs, assigned, cold: dict[str, Any]) -> di
 def bench_adapters(args, plan: AdapterPlan, template, send, details, console) -> int:
     """``python -m options.bench --adapters ...``: check, cold burst, rounds, JSON, table."""
     from options.bench import report
-    from options.bench.__main__ import profile_from_args, warm_up_and_calibrate
+    from options.bench.profile import profile_from_args
+    from options.bench.warmup import warm_up_and_calibrate
 
     url = details.get("url")
     if url is None:

@@ -671,7 +671,7 @@ def bench_capacity(args, template, send, details, console, mix: list[tuple[int, 
 
     from cost.simulate.capacity import fit_capacity
     from options.bench import report
-    from options.bench.__main__ import warm_up_and_calibrate
+    from options.bench.warmup import warm_up_and_calibrate
 
     check_args(args)
     template = replace(template, ignore_eos=True, stream=True)

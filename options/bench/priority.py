@@ -10,7 +10,8 @@ bring-your-own server: ``SM_VLLM_SCHEDULING_POLICY=priority``); under vLLM's def
 first-come-first-served policy a priority other than 0 is refused.
 
 ``compare`` runs the same programs (steps, lengths, think time) at the same concurrency
-``--rounds`` times each without and with the priorities, alternating which goes first; each
+``--rounds`` times each without and with the priorities, alternating which goes first
+(``program.compare_priorities``; this module summarises and shows the rounds); each
 round draws its own prompt words (seed + round), shared by its two runs, so neither run finds
 the other's sessions in the prefix cache beyond the shared system prompt. The document's
 ``priority`` object:
@@ -69,53 +70,6 @@ def summarize_compare(runs: list[dict[str, Any]]) -> dict[str, Any]:
                             for n in rounds if (n, "on") in pick and (n, "off") in pick
                             and pick[(n, "on")][field] and pick[(n, "off")][field]])
     return out
-
-
-def compare(args, profile, template, send, details, tokens, console) -> int:
-    """``--priority compare``: alternate runs without and with the priorities, then report."""
-    from dataclasses import replace
-
-    from options.bench import report
-    from options.bench.program import measure_programs, program_doc, render_table
-
-    if not isinstance(args.rounds, int) or args.rounds < 1:
-        raise BadInput(f"--rounds {args.rounds!r} must be a whole number >= 1 (3 or more to read "
-                       "medians with a spread)")
-    priorities = priorities_for("later-steps", profile.steps, details)
-    say = (lambda *_: None) if args.no_progress else console.print
-    runs, kept = [], {}
-    for rnd in range(1, args.rounds + 1):
-        this = replace(profile, seed=profile.seed + rnd - 1)   # its own words, shared by both modes
-        for mode in (("off", "on") if rnd % 2 else ("on", "off")):
-            result, parts, rate = measure_programs(this, send, template, tokens, details.get("url"),
-                                                   priorities=priorities if mode == "on" else None)
-            prog = parts["program"]
-            run = {"round": rnd, "mode": mode, "program_e2e_ms_p50": prog["e2e_ms"]["p50"],
-                   "program_e2e_ms_p99": prog["e2e_ms"]["p99"],
-                   "programs_per_second": prog["programs_per_second"],
-                   "step_ttft_ms_p50": [s["ttft_ms"]["p50"] for s in parts["steps"]],
-                   "completed": prog["completed"], "errors": prog["errors"], "prefix_cache_hit_rate": rate}
-            runs.append(run)
-            kept[(rnd, mode)] = (this, result, parts, rate)
-            say(f"round {rnd} · priority {mode}: program E2E p50 {run['program_e2e_ms_p50'] or 0:,.0f} ms, "
-                f"p99 {run['program_e2e_ms_p99'] or 0:,.0f} ms"
-                + (f", errors {prog['errors']}" if prog["errors"] else ""))
-    ons = sorted((r for r in runs if r["mode"] == "on"), key=lambda r: r["program_e2e_ms_p99"] or 0)
-    this, result, parts, rate = kept[(ons[(len(ons) - 1) // 2]["round"], "on")]
-    doc = program_doc(args, this, template, details, tokens, result, parts, rate)
-    doc["priority"] = {"mode": "compare", "rounds": args.rounds,
-                       "step_priorities": step_priorities(profile.steps),
-                       **summarize_compare(runs), "runs": runs}
-    if args.json:
-        report.write_json(doc, args.json)
-    if args.json != "-":
-        console.print(render_table(doc))
-        console.print(render_compare(doc["priority"]))
-    failed = [r for r in runs if r["completed"] == 0]
-    if failed:
-        console.print(f"[red]every program of a run failed:[/red] {failed[0]['errors']}")
-        return 1
-    return 0
 
 
 def render_compare(p: dict[str, Any]):

@@ -6,6 +6,7 @@ differs between runs in one place only: each starts with the run's ``RUN_TAG``.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import random
 import secrets
@@ -199,3 +200,28 @@ class Profile:
                 "request_rate": self.request_rate, "burstiness": self.burstiness,
                 "prompt_tokens": self.prompt_tokens.to_json(),
                 "output_tokens": self.output_tokens.to_json(), "seed": self.seed}
+
+
+# --- from the CLI's flags ---------------------------------------------------------------------
+
+def one_concurrency(args: argparse.Namespace) -> int | None:
+    """The single --concurrency of a plain or agent run; several are for --adapters runs."""
+    if args.concurrency is None:
+        return None
+    if len(args.concurrency) > 1 and not args.adapters:
+        raise BadInput(f"--concurrency {','.join(map(str, args.concurrency))}: several values are "
+                       "for --adapters runs (each measured in turn); give one here")
+    return args.concurrency[0]
+
+
+def profile_from_args(args: argparse.Namespace) -> Profile:
+    """The Profile of a run of independent requests, from the CLI's flags."""
+    concurrency = one_concurrency(args)
+    if concurrency is None and args.request_rate is None:
+        concurrency = 8
+    return Profile(requests=args.requests,
+                   prompt_tokens=parse_lengths(args.prompt_tokens, "--prompt-tokens", ("prompt_tokens",)),
+                   output_tokens=parse_lengths(args.output_tokens, "--output-tokens",
+                                               ("output_tokens", "max_tokens")),
+                   concurrency=concurrency, request_rate=args.request_rate,
+                   burstiness=args.burstiness, seed=args.seed)

@@ -286,8 +286,7 @@ def hit_rate(before: tuple[float, float] | None, after: tuple[float, float] | No
 # --- the CLI's run ----------------------------------------------------------------------------
 
 def profile_from_args(args) -> ProgramProfile:
-    from options.bench.__main__ import one_concurrency
-    from options.bench.profile import parse_lengths
+    from options.bench.profile import one_concurrency, parse_lengths
 
     if args.request_rate is not None:
         raise BadInput("--profile agent runs closed-loop programs (a new one starts when one ends): "
@@ -316,7 +315,7 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from options.bench import priority, report
-    from options.bench.__main__ import warm_up_and_calibrate
+    from options.bench.warmup import warm_up_and_calibrate
 
     profile = profile_from_args(args)
     priorities = priority.priorities_for(args.priority, profile.steps, details)   # before any load
@@ -324,7 +323,7 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
     if not ready:
         return 1
     if args.priority == "compare":
-        return priority.compare(args, profile, template, send, details, tokens, console)
+        return compare_priorities(args, profile, template, send, details, tokens, console)
     with Progress(TextColumn("[bold]programs"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=console, disable=args.no_progress, transient=True) as bar:
         result, parts, rate = measure_programs(profile, send, template, tokens, details.get("url"),
@@ -338,6 +337,51 @@ def bench_programs(args, template, send, details: dict[str, Any], console) -> in
         console.print(render_table(doc))
     if not parts["program"]["completed"]:
         console.print(f"[red]every program failed:[/red] {parts['program']['errors']}")
+        return 1
+    return 0
+
+
+def compare_priorities(args, profile, template, send, details, tokens, console) -> int:
+    """``--priority compare``: alternate runs without and with the priorities, then report."""
+    from options.bench import report
+    from options.bench.priority import priorities_for, render_compare, step_priorities, summarize_compare
+
+    if not isinstance(args.rounds, int) or args.rounds < 1:
+        raise BadInput(f"--rounds {args.rounds!r} must be a whole number >= 1 (3 or more to read "
+                       "medians with a spread)")
+    priorities = priorities_for("later-steps", profile.steps, details)
+    say = (lambda *_: None) if args.no_progress else console.print
+    runs, kept = [], {}
+    for rnd in range(1, args.rounds + 1):
+        this = replace(profile, seed=profile.seed + rnd - 1)   # its own words, shared by both modes
+        for mode in (("off", "on") if rnd % 2 else ("on", "off")):
+            result, parts, rate = measure_programs(this, send, template, tokens, details.get("url"),
+                                                   priorities=priorities if mode == "on" else None)
+            prog = parts["program"]
+            row = {"round": rnd, "mode": mode, "program_e2e_ms_p50": prog["e2e_ms"]["p50"],
+                   "program_e2e_ms_p99": prog["e2e_ms"]["p99"],
+                   "programs_per_second": prog["programs_per_second"],
+                   "step_ttft_ms_p50": [s["ttft_ms"]["p50"] for s in parts["steps"]],
+                   "completed": prog["completed"], "errors": prog["errors"], "prefix_cache_hit_rate": rate}
+            runs.append(row)
+            kept[(rnd, mode)] = (this, result, parts, rate)
+            say(f"round {rnd} · priority {mode}: program E2E p50 {row['program_e2e_ms_p50'] or 0:,.0f} ms, "
+                f"p99 {row['program_e2e_ms_p99'] or 0:,.0f} ms"
+                + (f", errors {prog['errors']}" if prog["errors"] else ""))
+    ons = sorted((r for r in runs if r["mode"] == "on"), key=lambda r: r["program_e2e_ms_p99"] or 0)
+    this, result, parts, rate = kept[(ons[(len(ons) - 1) // 2]["round"], "on")]
+    doc = program_doc(args, this, template, details, tokens, result, parts, rate)
+    doc["priority"] = {"mode": "compare", "rounds": args.rounds,
+                       "step_priorities": step_priorities(profile.steps),
+                       **summarize_compare(runs), "runs": runs}
+    if args.json:
+        report.write_json(doc, args.json)
+    if args.json != "-":
+        console.print(render_table(doc))
+        console.print(render_compare(doc["priority"]))
+    failed = [r for r in runs if r["completed"] == 0]
+    if failed:
+        console.print(f"[red]every program of a run failed:[/red] {failed[0]['errors']}")
         return 1
     return 0
 

@@ -419,9 +419,10 @@ def check_args(args) -> None:
 def bench_ray_hop(args, console) -> int:
     """``python -m options.bench --level 6 --target local``: rounds, JSON, table."""
     from options.bench import report
-    from options.bench.__main__ import profile_from_args, warm_up_and_calibrate
     from options.bench.adapters import replace_args
+    from options.bench.profile import profile_from_args
     from options.bench.runner import http_target
+    from options.bench.warmup import warm_up_and_calibrate
     from options.contract import Request
     from options.core import OPENAI_CHAT
     from options.deploy import local_server_env

@@ -520,9 +520,9 @@ def bench_replay(args, plan: ReplayPlan, template, send, details: dict[str, Any]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from options.bench import report
-    from options.bench.__main__ import warm_up_and_calibrate
     from options.bench.program import hit_rate, prefix_cache_counters
     from options.bench.runner import metrics_page
+    from options.bench.warmup import warm_up_and_calibrate
 
     bedrock = details.get("service") == "bedrock-runtime"
     # Exact output sizes where the target can be told to ignore end-of-sequence (not Bedrock).

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from options.sagemaker import components, plan as sm
+from options.sagemaker import components, is_cloud_run, plan as sm
 from options.core import BadInput, mask_secrets
 from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -97,7 +97,7 @@ def build_and_push_steps(region: str, tag: str) -> tuple[list[Step], str]:
 
 
 def spec_from_args(args: argparse.Namespace) -> ByoImageSpec:
-    cloud = sm.is_cloud_run(args)
+    cloud = is_cloud_run(args)
     source = sm.model_source(args.model, cloud=cloud)
     env = server_env(args.option)
     if not cloud:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from options.sagemaker import components, plan as sm
+from options.sagemaker import components, is_cloud_run, plan as sm
 from options.core import is_secret_name
 from options.plan import Plan, Step
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -70,7 +70,7 @@ def spec_from_args(args: argparse.Namespace) -> CustomCodeSpec:
     from options.custom_code.package import build_model_tarball, serving_properties
     from options.lmi.config import image_uri, startup_timeout_s
 
-    cloud = sm.is_cloud_run(args)
+    cloud = is_cloud_run(args)
     # The weights travel inside model.tar.gz: the model is a local folder (default: the tiny one).
     source = sm.model_source(args.model, cloud=False)
     if source.hub_id:

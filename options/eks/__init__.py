@@ -474,7 +474,7 @@ def run_local(spec: Level6Spec, args: argparse.Namespace) -> int:
 
     if spec.ray_here is not None:
         from options.eks.ray_local import run_local as run_on_local_ray
-        return run_on_local_ray(*spec.ray_here, args)
+        return run_on_local_ray(*spec.ray_here, args, autoscaling=local_autoscaling_config(args))
 
     from infra.eks.validate import validate_rendered
 

@@ -126,18 +126,18 @@ def adapters_folder(adapters) -> Iterator[str | None]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def run_local(source, options: tuple[tuple[str, str], ...], adapters, args: argparse.Namespace) -> int:
+def run_local(source, options: tuple[tuple[str, str], ...], adapters, args: argparse.Namespace, *,
+              autoscaling: dict[str, Any] | None) -> int:
     """Start a local Ray, run the application (with ``adapters``, options.eks.LocalAdapters,
-    where --adapter gave any), send the sample request, serve until Ctrl-C (or stop after the
+    where --adapter gave any, and Serve's ``autoscaling`` config, where --autoscaling-from or
+    --ray-autoscaling gave one), send the sample request, serve until Ctrl-C (or stop after the
     sample with --once)."""
     from options.local_target import announce_model, send_sample, wait_for_ctrl_c
     from options.output import Console
 
     say = Console(args.json)
     model = str(source.local_folder()) if source.path or source.tiny else source.hub_id
-    from options.eks import local_autoscaling_config
-
-    app_args = local_app_args(model, options, local_autoscaling_config(args),
+    app_args = local_app_args(model, options, autoscaling,
                               getattr(args, "ray_ingress_replicas", None))
     summary: dict[str, Any] = {"level": 6, "target": "local", "engine": "rayservice",
                                "model": source.label}

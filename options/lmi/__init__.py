@@ -11,7 +11,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from options.sagemaker import components, plan as sm
+from options.sagemaker import components, is_cloud_run, plan as sm
 from options.core import BadInput, mask_secrets
 from options.plan import Plan
 # apply / invoke / status / down are the same for every SageMaker endpoint rung.
@@ -65,7 +65,7 @@ def spec_from_args(args: argparse.Namespace) -> LmiSpec:
     from options.lmi.config import LmiConfig, check_fit, image_uri, model_shape, parse_options, \
         startup_timeout_s
 
-    cloud = sm.is_cloud_run(args)
+    cloud = is_cloud_run(args)
     source = sm.model_source(args.model, cloud=cloud)
     options, plain = parse_options(args.option)
     if not cloud:

@@ -267,7 +267,7 @@ def multi_model_notes(prefix: str, targets: dict[str, str], invoke: str | None) 
 
 def refuse_locally(args) -> None:
     """--adapter, --multi-model and --autoscale-* describe a SageMaker endpoint: not for the local target."""
-    from options.sagemaker.plan import autoscaling_from_args
+    from options.sagemaker.autoscaling import autoscaling_from_args
     autoscaling_from_args(args)       # any --autoscale-* flag here says why nothing is autoscaled
     if getattr(args, "adapter", None) or getattr(args, "multi_model", None):
         flag = "--adapter" if args.adapter else "--multi-model"
@@ -297,7 +297,7 @@ def endpoint_fields(args, name: str, instance, *, accelerators_per_copy: int | N
                            f"or --adapter NAME={prefix}path/to/model.tar.gz")
         return {"multi_model_prefix": prefix, "multi_model_targets": targets, "multi_model_invoke": invoke}
     if scaling is None:
-        from options.sagemaker.plan import autoscaling_from_args
+        from options.sagemaker.autoscaling import autoscaling_from_args
         scaling = autoscaling_from_args(args)
     if scaling is not None and scaling.scale_to_zero:
         # One copy to start, as python -m cost simulate starts; the copies' own autoscaling

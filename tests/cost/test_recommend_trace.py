@@ -39,7 +39,7 @@ def deploy_args(command: str):
 
 
 def assert_command_sets_the_policy(data: dict) -> None:
-    from options.sagemaker.plan import autoscaling_from_args
+    from options.sagemaker.autoscaling import autoscaling_from_args
 
     policy, level = data["policy"], data["level"]
     args = deploy_args(data["deploy"]["command"])
