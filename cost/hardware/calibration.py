@@ -42,7 +42,7 @@ def sharegpt_sizes(requests: int, input_mean: float, output_mean: float) -> tupl
     N prompts lasts as long as its longest answers, decoded at a small batch once the rest are
     done. A bounded shape (a chat trace's, whose 200 first answers reach 2.5x the mean) makes
     vLLM's 200-prompt throughput tests look 70-80 % faster than they ran; an exponential
-    reaches 5-6x the mean in 200 draws, as long-tailed as ShareGPT's answers are known to be."""
+    reaches 5-7x the mean in 200 draws, as long-tailed as ShareGPT's answers are known to be."""
     rng = np.random.default_rng(SHAREGPT_SEED)
     kept_in: list[float] = []
     kept_out: list[float] = []

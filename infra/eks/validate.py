@@ -36,6 +36,14 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS_ENV = "SPECTRUM_K8S_SCHEMAS"
 CHECKOV_ENV = "SPECTRUM_CHECKOV"
 EKSCTL_SCHEMA = "eksctl-v1alpha5.schema.json"
+# The upstream files the CRD and eksctl checks read, and where each is published: an installed
+# Spectrum carries none of them (they are the projects' data, not ours), so the note names them.
+UPSTREAM_SCHEMAS = {
+    "ray.io_rayservices.yaml": "github.com/ray-project/kuberay, ray-operator/config/crd/bases/",
+    "karpenter.sh_nodepools.yaml": "github.com/aws/karpenter-provider-aws, pkg/apis/crds/ at v1.14.1",
+    "karpenter.k8s.aws_ec2nodeclasses.yaml": "github.com/aws/karpenter-provider-aws, pkg/apis/crds/ at v1.14.1",
+    EKSCTL_SCHEMA: "github.com/eksctl-io/eksctl, pkg/apis/eksctl.io/v1alpha5/assets/schema.json",
+}
 YAMLLINT_CONFIG = """
 extends: default
 rules:
@@ -121,8 +129,9 @@ def schema_dir() -> Path | None:
 
 def missing_schemas_note() -> str:
     looked = " and ".join(str(p) for p in schema_dir_candidates())
+    wanted = "; ".join(f"{name} ({where})" for name, where in UPSTREAM_SCHEMAS.items())
     return (f"no schema folder: looked in {looked}. Set {SCHEMAS_ENV} to a folder holding the "
-            "Karpenter, KubeRay CRDs and eksctl's schema (see shared/k8s-schemas/README.md)")
+            f"upstream schemas, each from its project (Apache-2.0): {wanted}")
 
 
 # --- helpers -------------------------------------------------------------------------------

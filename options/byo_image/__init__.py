@@ -78,6 +78,13 @@ class ByoImageSpec:
 
 
 def build_and_push_steps(region: str, tag: str) -> tuple[list[Step], str]:
+    if not (BUILD_CONTEXT / "Dockerfile").is_file():
+        # An installed wheel carries the server's package (byo_vllm) but not its Dockerfile: a
+        # plan naming a build folder that is not there would fail only when run.
+        raise BadInput(f"level 5 builds its image from a Spectrum checkout's containers/byo-vllm, and "
+                       f"{BUILD_CONTEXT} is not one (this is an installed copy): run the command from "
+                       f"a checkout of the repository, or pass --image-uri URI of the image you built "
+                       f"and pushed from one")
     registry = f"{sm.ACCOUNT_PLACEHOLDER}.dkr.ecr.{region}.amazonaws.com"
     image = f"{registry}/{REPOSITORY}:{tag}"
     commands = [

@@ -114,6 +114,19 @@ def test_installed_spectrum_runs_outside_the_checkout(installed, tmp_path):
     assert cap["model"]["name"] == "meta-llama/Llama-3.1-8B-Instruct" and cap["hardware"]["gpu"] == "h100"
     assert cap["fits"] is True and cap["kv_cache_tokens"] > 0 and cap["saturated_output_tok_s"] > 0
 
+    # Level 5 builds containers/byo-vllm, which a wheel does not carry: the plan says so and
+    # names the way on (an image pushed from a checkout) instead of a build folder that is not there.
+    done = spectrum(installed, tmp_path, "deploy", "--level", "5", "--plan")
+    assert done.returncode == 2 and "checkout" in done.stderr and "--image-uri" in done.stderr \
+        and "Traceback" not in done.stderr, done.stderr[-3000:]
+    image = "123456789012.dkr.ecr.us-east-1.amazonaws.com/spectrum-byo-vllm:0.1.0"
+    done = spectrum(installed, tmp_path, "deploy", "--level", "5", "--plan", "--image-uri", image)
+    assert done.returncode == 0 and image in done.stdout and "docker build" not in done.stdout, \
+        done.stdout[-2000:] + done.stderr[-3000:]
+    # Level 6 renders from an install too (its offline validators are the infra extra's).
+    done = spectrum(installed, tmp_path, "deploy", "--level", "6", "--plan")
+    assert done.returncode == 0 and "HorizontalPodAutoscaler" in done.stdout, done.stderr[-3000:]
+
     # The gateway is in the wheel, but its extra is not in the core: it says which to install.
     done = spectrum(installed, tmp_path, "gateway", "serve", "--help")
     assert done.returncode == 1 and "spectrum[gateway]" in done.stderr and "Traceback" not in done.stderr, \

@@ -347,3 +347,12 @@ def test_missing_schema_folder_is_said_clearly(monkeypatch, tmp_path, base):
     assert str(tmp_path / "nowhere") in v.missing_schemas_note()
     monkeypatch.setenv("SPECTRUM_K8S_SCHEMAS", str(tmp_path))
     assert v.schema_dir() == tmp_path
+
+
+def test_missing_schemas_note_names_every_upstream_file_the_checks_read():
+    # An installed copy has no schema folder: the note is all its user has to fetch them by.
+    folder = v.schema_dir()
+    read = {p.name for p in folder.iterdir() if p.suffix in (".yaml", ".json")}
+    assert set(v.UPSTREAM_SCHEMAS) == read
+    note = v.missing_schemas_note()
+    assert all(name in note and where in note for name, where in v.UPSTREAM_SCHEMAS.items())
