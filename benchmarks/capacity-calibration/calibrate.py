@@ -202,7 +202,10 @@ def main() -> int:
     print(table(rows))
     print(f"{'at the priors' if args.engine_at_priors else 'fitted'}: median |error| "
           f"{median_abs(rows) * 100:.1f} % over {len(rows)} figures")
-    out = {"fit": values, "rows": rows}
+    # The unfitted public checks (points.json "checks"), predicted with the same values.
+    check_rows = errors(doc.get("checks", []), means, efficiency_for=efficiencies(values).__getitem__)
+    print("public checks, not fitted:\n" + table(check_rows))
+    out = {"fit": values, "rows": rows, "checks": check_rows}
     if args.loo:
         # Each source left out in turn: fitted on the others, predicted beside the priors alone
         # (no fit), so the fit earns its place only if it predicts unseen sources better.

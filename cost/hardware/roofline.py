@@ -46,8 +46,10 @@ class Efficiency:
     gemm: float               # of dense peak FLOP/s, the weight matmuls of a large step
     attention: float          # of dense peak FLOP/s, prefill attention
     weight_only_gemm: float   # a weight-only quantised kernel's matmul rate relative to ``gemm``
-    moe_gemm: float           # routed experts' grouped kernels (few tokens an expert): their share of the
-                              # matmul rate and of the bandwidth a dense layer reaches
+    moe_gemm: float           # routed experts' grouped matmuls (few tokens an expert): their share of the
+                              # matmul rate a dense layer reaches. Their weights stream at ``bandwidth``
+                              # like a dense layer's: the public small-batch MoE decode checks
+                              # (benchmarks/capacity-calibration/points.json ``checks``) say so
     kv_bandwidth: float       # paged attention's reads of the KV cache relative to ``bandwidth``
     layer_s: float            # per layer, per step
     step_s: float             # per step
@@ -145,7 +147,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
         gemm_per_token_s=matmul_s / tp,
         weights_read_s=read_dense / tp / bandwidth,
-        experts_read_s=parts.get("experts", 0) / tp / (bandwidth * eff.moe_gemm),
+        experts_read_s=parts.get("experts", 0) / tp / bandwidth,
         experts=model.experts, experts_per_token=model.experts_per_token,
         source=source)
     assumptions = [
@@ -174,7 +176,9 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch; their matmuls run "
                                     "as grouped GEMMs",
                             "value": f"1 − (1 − {model.experts_per_token}/{model.experts})^tokens of "
-                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing; expert kernels "
-                                     f"at {eff.moe_gemm:.2f} of a dense layer's matmul rate and bandwidth",
-                            "source": "expected distinct experts under uniform top-k routing"})
+                                     f"{parts.get('experts', 0) / 2**30:,.1f} GiB, uniform routing, read at the dense "
+                                     f"layers' bandwidth; expert matmuls at {eff.moe_gemm:.2f} of the dense rate",
+                            "source": "expected distinct experts under uniform top-k routing; the read rate "
+                                      "checked on public small-batch MoE decode (benchmarks/capacity-calibration/"
+                                      "points.json checks)"})
     return capacity, assumptions
