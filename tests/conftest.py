@@ -11,45 +11,6 @@ from shared_servers import after_test, note_collected, plain_server_env, shared_
 from options.local_server import LocalServer
 
 
-# tests/run.sh runs the suite on two pytest-xdist workers (--dist loadgroup): every module is a
-# group of its own, so its module fixtures start once, except these, whose modules share what is
-# costly to start twice or to run twice at once. Listed longest first (minutes, measured one
-# worker at a time on this 2-core machine): the scheduler hands groups out in collection order,
-# and the longest ones starting first keep both workers busy to the end.
-SHARED_GROUPS = {
-    # one shared server profiled once (tests/bench/conftest.py's trace_profile): ~12 min
-    "plain-server-profile": ("tests/bench/test_capacity_profile.py", "tests/bench/test_replay_predicted.py",
-                             "tests/bench/test_bench_program.py", "tests/bench/test_bench_server.py"),
-    # a local Ray each, and Serve's proxies: one Ray at a time on two cores: ~9 min
-    "ray": ("tests/ray_serve/",),
-    # podman builds the images once (tests/images.py)
-    "containers": ("tests/byo_vllm/test_container.py", "tests/gateway/test_gateway_image.py"),
-    # the pooling server (tests/conftest.py)
-    "pooling-server": ("tests/agent/test_agent_embeddings_engine.py", "tests/byo_vllm/test_byo_embeddings.py"),
-}
-LONGEST_FIRST = ["plain-server-profile", "ray", "tests/e2e/test_deploy_local.py", "tests/agent/test_agent.py",
-                 "containers", "tests/byo_vllm/test_openai_differential.py", "tests/byo_vllm/test_byo_server.py",
-                 "tests/gateway/test_gateway_affinity_engine.py", "tests/byo_vllm/test_byo_adapters.py",
-                 "pooling-server"]
-
-
-def xdist_group_of(nodeid: str) -> str:
-    path = nodeid.split("::", 1)[0]
-    for group, prefixes in SHARED_GROUPS.items():
-        if path.startswith(prefixes):
-            return group
-    return path
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(xdist_group_of(item.nodeid)))
-    # Longest groups first, the rest in collection order; within a group the collected order
-    # stands (a module's tests may build on each other's fixtures).
-    rank = {group: i for i, group in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(xdist_group_of(item.nodeid), len(rank)))
-
-
 def pytest_collection_finish(session):
     note_collected(session.items)
 

@@ -65,12 +65,4 @@ export SPECTRUM_GUIDELLM="$PWD/$guidellm_venv/bin/guidellm"
 # vLLM on CPU reserves most of a NUMA node for its KV cache unless told otherwise.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 export SAGEMAKER_SUPPRESS_V2_WARNING=1
-# Two workers: most of the suite's time is engines starting (three interpreters importing vLLM,
-# one core each) and servers waiting on each other, which overlap on two cores. A module, or a
-# group of modules sharing a server, runs whole on one worker (tests/conftest.py, SHARED_GROUPS).
-# SPECTRUM_TEST_WORKERS=0 runs it in this process, one test at a time.
-workers=${SPECTRUM_TEST_WORKERS:-2}
-if [ "$workers" = 0 ]; then
-  exec "$venv/bin/python" -m pytest "$@"
-fi
-exec "$venv/bin/python" -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"
+exec "$venv/bin/python" -m pytest "$@"
