@@ -19,6 +19,21 @@ from cost.traces import AZURE_CONV_TRACE
 FIT_BOUND = 0.25
 
 
+def round_spread(points: list[dict]) -> float:
+    """How far the profile's own measurement moved: the largest spread of a decode point's step
+    time between its rounds (slowest over fastest − 1), at most 0.25. A spell of another process's
+    CPU during one round (another server starting, a noisy neighbour) moves the points the fit is
+    drawn through by that much; a wrong step model misses by more than the bound this leaves."""
+    spreads = [max(p["step_s_by_round"]) / min(p["step_s_by_round"]) - 1
+               for p in points if p["kind"] == "decode" and p.get("step_s_by_round")]
+    return min(0.25, max(spreads, default=0.0))
+
+
+def decode_bound(fit: dict) -> float:
+    """How far the fit may miss a decode burst: FIT_BOUND, plus what the profile's own rounds moved."""
+    return FIT_BOUND + round_spread(fit["points"])
+
+
 # The mix the validation replays (test_replay_predicted.py) and the shared profile saturates the
 # server with: minutes 10-13 of the conversation trace (~950 requests), clipped for the tiny
 # model's context.

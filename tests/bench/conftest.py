@@ -9,21 +9,22 @@ from __future__ import annotations
 import json
 
 import pytest
-from bench_profiles import FIT_BOUND, TraceProfile, profile_with_trace_mix
+from bench_profiles import FIT_BOUND, TraceProfile, decode_bound, profile_with_trace_mix
 
 
 @pytest.fixture(scope="session")
 def trace_profile(plain_server, tmp_path_factory) -> TraceProfile:
     """The shared server profiled with TRACE_MIX: what test_capacity_profile.py checks, and what
     CI's validation paces its replays from. Noise on these machines only slows a point down: a
-    profile whose fit misses FIT_BOUND is taken once more, and the better fit kept."""
+    profile whose fit misses the bounds test_capacity_profile.py holds it to is taken once more,
+    and the better fit kept."""
     folder = tmp_path_factory.mktemp("trace-profile")
     runs = []
     for attempt in range(2):
         path = folder / f"capacity-{attempt}.json"
         done = profile_with_trace_mix(plain_server.url, path)
         runs.append(TraceProfile(path, json.loads(path.read_text()), done.stdout))
-        check = runs[-1].doc["capacity_model"]["fit"]["check"]
-        if all(check[kind]["worst"] <= FIT_BOUND for kind in ("decode", "prefill")):
+        fit = runs[-1].doc["capacity_model"]["fit"]
+        if fit["check"]["decode"]["worst"] <= decode_bound(fit) and fit["check"]["prefill"]["worst"] <= FIT_BOUND:
             break
     return min(runs, key=lambda r: r.doc["capacity_model"]["fit"]["rms_residual"])

@@ -190,7 +190,7 @@ def replay_speed_spread(at_speed: dict) -> float:
     """How far the replay's own speed moved within it, as its batch groups measured it: half the
     spread of the model's time per token over the measured one from the slowest group to the
     fastest (0 for a server that held its speed), at most 0.3. A spell of another process's CPU
-    inside a replay (a second suite worker, a noisy neighbour) moves its E2E by that much whatever
+    inside a replay (another server starting, a noisy neighbour) moves its E2E by that much whatever
     the model says; a wrong queue or batching model is off by more than the bound this leaves."""
     factors = [g["model_over_measured"] for g in at_speed["groups"]]
     return min(0.3, (max(factors) / min(factors) - 1) / 2)
