@@ -1,7 +1,7 @@
 """The simulator's latency model proven against real replays (issue: traffic-true answers).
 
 One bring-your-own server (vLLM on CPU, tiny model; the bench's shared one); a capacity profile
-of it, then a 3-minute slice of the Azure conversation trace replayed open-loop at each of three
+of it, then a 90-second slice of the Azure conversation trace replayed open-loop at each of three
 offered loads (about 50 %, 90 % and 130 % of capacity), each re-predicted by ``cost simulate
 --predict-replay`` from its profile. A profile ends by saturating the server with the replay's
 own request mix (``--replay`` on the profile: the same window and clipping), the fit's measure

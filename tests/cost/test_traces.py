@@ -10,7 +10,6 @@ import argparse
 import csv
 import json
 import math
-import time
 from datetime import datetime, timedelta
 from pathlib import Path
 
@@ -113,18 +112,16 @@ def test_the_shipped_trace_travels_with_its_license_and_in_the_package_data():
     assert any(dep.startswith("numpy") for dep in project["project"]["dependencies"])
 
 
-def test_reading_the_shipped_trace_is_fast_even_at_scale_25():
-    read_trace(AZURE_CONV_TRACE)            # imports and file cache warm
-    started = time.perf_counter()
-    read_trace(AZURE_CONV_TRACE)
-    plain_s = time.perf_counter() - started
-    started = time.perf_counter()
+def test_the_shipped_trace_at_scale_25_is_25_copies_of_its_requests_in_its_span():
+    """Scale multiplies the rate, not the sizes: 25 × the rows over the same span, each row's
+    sizes kept. (How long reading takes is a speed, measured in benchmarks, not held here.)"""
+    plain = read_trace(AZURE_CONV_TRACE)
     scaled = read_trace(AZURE_CONV_TRACE, scale=25)
-    scaled_s = time.perf_counter() - started
-    print(f"\nshipped Azure trace: {plain_s * 1000:.0f} ms at scale 1, "
-          f"{scaled_s * 1000:.0f} ms at scale 25 ({len(scaled):,} requests)")
-    assert len(scaled) == 25 * 19_366
-    assert scaled_s < 5
+    assert len(scaled) == 25 * len(plain) == 25 * 19_366
+    assert np.all(np.diff(scaled.arrival_s) >= 0)
+    assert scaled.arrival_s[-1] == pytest.approx(plain.arrival_s[-1], rel=0.01)
+    assert scaled.input_tokens.sum() == 25 * plain.input_tokens.sum()
+    assert scaled.output_tokens.sum() == 25 * plain.output_tokens.sum()
 
 
 # --- each format -----------------------------------------------------------------------------------
