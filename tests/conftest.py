@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from shared_servers import after_test, note_collected, plain_server_env, shared_server
+from shared_servers import after_test, note_collected, plain_server_env, shared_server, stop_all
 
 from options.local_server import LocalServer
 
@@ -17,6 +17,10 @@ def pytest_collection_finish(session):
 
 def pytest_runtest_teardown(item, nextitem):
     after_test(item)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    stop_all()
 
 
 @pytest.fixture(scope="session")
@@ -30,19 +34,27 @@ def tiny_model() -> Path:
 def plain_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]:
     """The bring-your-own server generating with the tiny model, eager, configured as a user who
     sets nothing but its context would: what the agent's completions test and the bench's tests
-    that need no special server use (tests/bench/conftest.py profiles it once)."""
+    that need no special server use (tests/bench/conftest.py profiles it once). The pooling
+    server starts alongside it: the agent's tests use one, then the other."""
     with shared_server(request, plain_server_env(tiny_model),
-                       tmp_path_factory.mktemp("plain-server") / "server.log") as server:
+                       tmp_path_factory.mktemp("plain-server") / "server.log",
+                       alongside={"pooling_server": pooling_server_spec(tiny_model, tmp_path_factory)}) as server:
         yield server
+
+
+def pooling_server_spec(tiny_model: Path, tmp_path_factory) -> tuple[dict[str, str], Path]:
+    """The pooling server's environment and log: the tiny model as a pooling model (embeddings)
+    with its whole 2,048-token context, eager."""
+    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_RUNNER": "pooling", "SM_VLLM_MAX_MODEL_LEN": "2048",
+           "SM_VLLM_ENFORCE_EAGER": ""}
+    return env, tmp_path_factory.mktemp("pooling-server") / "server.log"
 
 
 @pytest.fixture(scope="session")
 def pooling_server(request, tiny_model, tmp_path_factory) -> Iterator[LocalServer]:
-    """The bring-your-own server running the tiny model as a pooling model (embeddings) with its
-    whole 2,048-token context, eager: test_byo_embeddings.py's server and the agent's retrieval's."""
-    env = {"HF_MODEL_ID": str(tiny_model), "SM_VLLM_RUNNER": "pooling", "SM_VLLM_MAX_MODEL_LEN": "2048",
-           "SM_VLLM_ENFORCE_EAGER": ""}
-    with shared_server(request, env, tmp_path_factory.mktemp("pooling-server") / "server.log") as server:
+    """The bring-your-own server running the tiny model as a pooling model: test_byo_embeddings.py's
+    server and the agent's retrieval's (started alongside the plain server where both are used)."""
+    with shared_server(request, *pooling_server_spec(tiny_model, tmp_path_factory)) as server:
         yield server
 
 

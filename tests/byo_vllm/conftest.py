@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from byo_servers import GRACEFUL_TIMEOUT_S, READ_TIMEOUT_S, StartedServer, server_env
+from shared_servers import shared_server
 
 from options.local_server import LocalServer
 
@@ -24,3 +25,14 @@ def byo_server(tiny_model, tmp_path_factory):
         yield StartedServer(server, states, log)
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def priority_server(request, tiny_model, tmp_path_factory):
+    """A server started with ``SM_VLLM_SCHEDULING_POLICY=priority`` and one request at a time in
+    the engine (``SM_VLLM_MAX_NUM_SEQS=1``): test_byo_priority.py's, then the engine it runs is
+    what test_byo_server_engine_death.py kills, its last user (one engine start for both)."""
+    log = tmp_path_factory.mktemp("byo-priority") / "server.log"
+    with shared_server(request, server_env(tiny_model, SM_VLLM_SCHEDULING_POLICY="priority",
+                                           SM_VLLM_MAX_NUM_SEQS="1"), log) as server:
+        yield StartedServer(server, [], log)

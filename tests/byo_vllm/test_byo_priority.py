@@ -1,6 +1,6 @@
 """vLLM's scheduling priority through the bring-your-own server, and prefix caching on by
-default: one server for the module, started with ``SM_VLLM_SCHEDULING_POLICY=priority`` and
-one request at a time in the engine (``SM_VLLM_MAX_NUM_SEQS=1``), so the order in which
+default: conftest.py's ``priority_server``, started with ``SM_VLLM_SCHEDULING_POLICY=priority``
+and one request at a time in the engine (``SM_VLLM_MAX_NUM_SEQS=1``), so the order in which
 waiting requests run is the scheduler's choice, visible from outside."""
 from __future__ import annotations
 
@@ -10,19 +10,12 @@ import time
 import pytest
 import requests
 
-from byo_servers import engine_info, server_env, serving, wait_for
+from byo_servers import engine_info, wait_for
 from options import contract
 from options.contract import Request
 from options.core import wire
 
 pytestmark = pytest.mark.engine
-
-
-@pytest.fixture(scope="module")
-def priority_server(tiny_model, tmp_path_factory):
-    with serving(server_env(tiny_model, SM_VLLM_SCHEDULING_POLICY="priority",
-                            SM_VLLM_MAX_NUM_SEQS="1"), tmp_path_factory, "byo-priority") as server:
-        yield server
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
