@@ -172,18 +172,20 @@ def test_at_half_capacity_the_prediction_is_within_a_factor_of_two_at_p50(valida
             assert 0.5 <= ratio[metric]["p50"] <= 2.0, (load, metric, validation[load]["prediction"])
 
 
-def test_at_the_speed_the_replay_ran_at_the_queue_and_batching_predict_e2e_p50(validation):
+def test_at_the_speed_the_replay_ran_at_the_queue_and_batching_predict_e2e(validation):
     """The server's speed moves between its profile and the replay (what the 90 % ratio above is
     left with); at the speed the replay's own requests decoded at, the rest of the model (queue,
-    admission, batching) predicts E2E p50 below capacity: within 9 % in the 12 predictions
-    recorded at 50 % and 90 % (runs 9-11, profiles before and after), bound here at 30 % for a
-    spell inside a replay."""
+    admission, batching) predicts E2E below capacity to the goal: p50 within 15 %, p99 within
+    25 % (the 2026-12-04 recording: p50 0.995-1.058, p99 0.921-0.948), each widened by how far
+    the replay's own speed moved inside it, for a spell of another process's CPU."""
     for load in ("0.5", "0.9"):
         at_speed = validation[load]["prediction"]["at_replay_speed"]
         assert at_speed is not None and len(at_speed["groups"]) >= 3, (load, at_speed)
-        bound = 0.3 + replay_speed_spread(at_speed)
-        ratio = at_speed["ratio"]["e2e_ms"]["p50"]
-        assert 1 / (1 + bound) <= ratio <= 1 + bound, (load, bound, at_speed)
+        spread = replay_speed_spread(at_speed)
+        for stat, goal in (("p50", 0.15), ("p99", 0.25)):
+            bound = goal + spread
+            ratio = at_speed["ratio"]["e2e_ms"][stat]
+            assert 1 / (1 + bound) <= ratio <= 1 + bound, (load, stat, bound, at_speed)
 
 
 def replay_speed_spread(at_speed: dict) -> float:
