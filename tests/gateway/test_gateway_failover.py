@@ -262,10 +262,10 @@ def test_a_silent_server_is_503_and_what_it_ran_late_is_not_sent_again(tmp_path)
             sleeper = _sleep_server(server.port, 1.5)
             await asyncio.sleep(0.3)
             entry = ledger_entry("a", "silent")
-            started = time.monotonic()
+            # Refused by the 300 ms timeout: waiting for the asleep server would have had its
+            # reply (1.2 s on), not this error.
             with pytest.raises(StoreUnavailable, match="no reply within 300 ms"):
                 await store.finish(limits, "a", -6, 0.0, entry, meter.increments(entry))
-            assert time.monotonic() - started < 1.0
             with pytest.raises(StoreUnavailable):       # a reservation lost the same way
                 await store.reserve(limits, "b", 10, 0.0)
             assert len(store.pending) == 2

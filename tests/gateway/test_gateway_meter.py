@@ -79,7 +79,9 @@ def test_store_down_is_503_fast_naming_it_and_recovers_without_restart(
         tmp_path, upstreams, dead_port, jwt_keys):
     store = RedisServer(tmp_path)
     store.start()
-    gw = Gateway(tmp_path, gateway_config(store.url, upstreams, dead_port, jwt_keys["jwks_file"]))
+    config = gateway_config(store.url, upstreams, dead_port, jwt_keys["jwks_file"])
+    config["store_connect_timeout_ms"] = 5000     # fast means refused, not timed out
+    gw = Gateway(tmp_path, config)
     gw.start()
     try:
         key = gw.create_key("acme")
@@ -89,13 +91,14 @@ def test_store_down_is_503_fast_naming_it_and_recovers_without_restart(
             assert http.post("/v1/chat/completions", json=body).status_code == 200
             store.stop()                 # saves its data, as a restarted Redis would have it
             timings = []
-            for _ in range(5):        # the best of five: the machine may be busy
+            for _ in range(5):
                 started = time.perf_counter()
                 r = http.post("/v1/chat/completions", json=body)
                 timings.append(time.perf_counter() - started)
                 assert r.status_code == 503
                 assert r.json()["error"]["message"].startswith(f"the gateway's store {store.url} is unreachable")
-            assert min(timings) < 0.1, timings
+            # A stopped server refuses the connection: answered without waiting the 5 s out.
+            assert max(timings) < 5, timings
             ready = http.get("/readyz")
             assert ready.status_code == 503 and ready.json()["store"] == store.url
             # The OpenAI SDK sees a 503 it can retry, not a hang.
