@@ -6,13 +6,49 @@ from pathlib import Path
 from typing import Iterator
 
 import pytest
-from shared_servers import after_test, note_collected, plain_server_env, shared_server, stop_all
+from shared_servers import (ENGINE_SERVER_FIXTURES, after_test, note_collected, plain_server_env,
+                            shared_server, stop_all)
 
 from options.local_server import LocalServer
 
 
+# Tests that start or use a vLLM engine, or build or run an image (which runs one): tests/run.sh
+# runs them in one worker, in their collected order, while a second worker runs the rest (a
+# whole CLI without an engine, marked e2e only, among them).
+SERIAL_MARKS = ("engine", "container")
+
+
+@pytest.hookimpl(wrapper=True)        # before any plugin's: pytest-xdist turns the group into the node id
+def pytest_collection_modifyitems(config, items):
+    """Two workers (``-n 2 --dist loadgroup``): the engine tests are one group, so they run one
+    at a time as they always have (two at once would share this machine's two cores, and an
+    engine's start and step times are what several of them measure); every other folder is a
+    group of its own for the second worker. A test that uses a shared engine server is an
+    engine test whether or not it says so. The whole CLIs of tests/e2e go first: an engine start
+    is mostly one core's imports, which leaves the second worker a core while it runs, where
+    the bench's saturated profiles would not."""
+    items.sort(key=lambda item: not item.nodeid.startswith("tests/e2e/"))    # stable: else as collected
+    for item in items:
+        if ENGINE_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.engine)
+        serial = any(item.get_closest_marker(mark) for mark in SERIAL_MARKS)
+        folder = item.nodeid.split("::")[0].rsplit("/", 1)[0]      # the test file's folder
+        item.add_marker(pytest.mark.xdist_group("engine" if serial else folder))
+    return (yield)
+
+
 def pytest_collection_finish(session):
     note_collected(session.items)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_node_collection_finished(node, ids):
+    """A worker asked for groups (tests/run.sh) that did not get them would run two engine tests
+    at once on this machine's two cores: stop, saying so, rather than run that way."""
+    if node.config.getoption("dist") == "loadgroup" and ids and not any("@" in i for i in ids):
+        pytest.exit("pytest-xdist did not group the tests (--dist loadgroup): install the versions "
+                    "pyproject.toml's [dev] extra names, or run with SPECTRUM_TEST_WORKERS=0",
+                    returncode=pytest.ExitCode.USAGE_ERROR)
 
 
 def pytest_runtest_teardown(item, nextitem):

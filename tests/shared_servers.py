@@ -25,6 +25,9 @@ def plain_server_env(model_dir: Path) -> dict[str, str]:
     return {"HF_MODEL_ID": str(model_dir), "SM_VLLM_MAX_MODEL_LEN": str(PLAIN_MAX_MODEL_LEN),
             "SM_VLLM_ENFORCE_EAGER": ""}
 
+# The session fixtures that start a shared engine server (tests/conftest.py, tests/byo_vllm/conftest.py).
+ENGINE_SERVER_FIXTURES = frozenset({"plain_server", "pooling_server", "priority_server"})
+
 # fixture name -> the node id of the last collected test that uses it
 _last_user: dict[str, str] = {}
 # fixture name -> its server, while it runs

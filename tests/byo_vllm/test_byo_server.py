@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from byo_servers import GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, sse_events, wait_for
+from byo_servers import (GRACEFUL_TIMEOUT_S, MAX_MODEL_LEN, READ_TIMEOUT_S, SAGEMAKER_PING_TIMEOUT_S,
+                         sse_events, wait_for)
 from stream_hang_up import assert_hang_up_is_aborted
 
 pytestmark = pytest.mark.engine
@@ -29,11 +30,10 @@ CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": 
 
 def test_ping_503_while_loading_then_200(byo_server):
     states = [s for _, s in byo_server.states]
-    assert "loading" in states, f"never saw 503 while loading: {states[:5]}"
-    first_answer = next(t for t, s in byo_server.states if s != "down")
-    assert first_answer < 15, f"/ping first answered after {first_answer:.1f} s"
+    # Its first answer came while the engine loaded (vLLM's own server answers nothing then).
+    answered = [s for s in states if s != "down"]
+    assert answered[0] == "loading", f"never saw 503 while loading: {states[:5]}"
     assert states[-1] == "ready"
-    assert states.index("loading") < states.index("ready")
     for method in ("get", "post"):
         r = getattr(requests, method)(byo_server.url + "/ping", timeout=2)
         assert r.status_code == 200 and r.content == b""
@@ -203,7 +203,7 @@ def test_64_concurrent_streams_exact_and_unmixed_while_ping_stays_fast(byo_serve
         assert last["details"]["generated_tokens"] == max_tokens
         assert "".join(t["text"] for t in tokens) == last["generated_text"]
         streamed_texts.append(last["generated_text"])
-    assert len(ping_times) >= 5 and max(ping_times) < 2.0, max(ping_times)
+    assert len(ping_times) >= 5 and max(ping_times) < SAGEMAKER_PING_TIMEOUT_S, max(ping_times)
 
     # Greedy decoding: each stream must match its own prompt's answer, asked again. Batch
     # composition can shift a near-tie now and then, but mixed-up streams would match ~never.
@@ -379,7 +379,8 @@ def test_1000_half_sent_requests_leave_ping_fast_and_are_dropped(byo_server):
                                capture_output=True, text=True, timeout=120)
         assert pings.returncode == 0, pings.stderr
         times = json.loads(pings.stdout)
-        assert max(times) < 2.0, f"/ping took {max(times):.2f} s with 1,000 stalled clients"
+        assert max(times) < SAGEMAKER_PING_TIMEOUT_S, \
+            f"/ping took {max(times):.2f} s with 1,000 stalled clients"
         # Every stalled request ends by the server's hand once the read timeout passes.
         answers = {}
         for i, client in enumerate(stalled):
