@@ -24,10 +24,11 @@ def pytest_collection_modifyitems(config, items):
     at a time as they always have (two at once would share this machine's two cores, and an
     engine's start and step times are what several of them measure); every other folder is a
     group of its own for the second worker. A test that uses a shared engine server is an
-    engine test whether or not it says so. The whole CLIs of tests/e2e go first: an engine start
-    is mostly one core's imports, which leaves the second worker a core while it runs, where
-    the bench's saturated profiles would not."""
-    items.sort(key=lambda item: not item.nodeid.startswith("tests/e2e/"))    # stable: else as collected
+    engine test whether or not it says so. The whole CLIs of tests/e2e go first (an engine start
+    is mostly one core's imports, which leaves the second worker a core), and the agent's and
+    the bench's tests last, on the plain server they share: the bench's profiles and the
+    validation measure the engine's speed, so they run once the second worker is done."""
+    items.sort(key=_engine_order)       # stable: within each part, as collected
     for item in items:
         if ENGINE_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.engine)
@@ -35,6 +36,12 @@ def pytest_collection_modifyitems(config, items):
         folder = item.nodeid.split("::")[0].rsplit("/", 1)[0]      # the test file's folder
         item.add_marker(pytest.mark.xdist_group("engine" if serial else folder))
     return (yield)
+
+
+def _engine_order(item) -> int:
+    if item.nodeid.startswith("tests/e2e/"):
+        return 0
+    return 2 if item.nodeid.startswith(("tests/agent/", "tests/bench/")) else 1
 
 
 def pytest_collection_finish(session):
