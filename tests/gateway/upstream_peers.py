@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import datetime
+import gzip
 import ipaddress
 import ssl
 import threading
@@ -222,6 +223,12 @@ async def _both_ways(*directions) -> None:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def gzipped(data: bytes) -> bytes:
+    """gzip without a timestamp: bytes made at collection name parametrized tests, and every
+    pytest-xdist worker must collect the same names."""
+    return gzip.compress(data, mtime=0)
 
 
 def chat_answer(text: str) -> bytes:
