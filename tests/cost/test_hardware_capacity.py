@@ -244,8 +244,35 @@ def test_the_public_moe_decode_checks_hold_the_expert_read_form():
     from cost.hardware.calibration import errors
 
     doc = json.loads(POINTS.read_text())
-    rows = errors(doc["checks"], doc["sharegpt_means"])
+    rows = errors([c for c in doc["checks"] if c["question"] == "moe-small-batch-reads"], doc["sharegpt_means"])
     assert {r["id"] for r in rows} == {"vllm-ci-h200-latency-mixtral", "vllm-pr23151-h100-qwen3-30b-a3b-c10"}
     assert len(rows) == 4
     for row in rows:
         assert abs(row["error"]) <= 0.30, row
+
+
+# What the large-batch MoE checks measured with the shipped priors (the calibration README,
+# "Large-batch MoE"): the median over their 37 figures, and the throughput of the deployments
+# whose memory does not bind (gpt-oss-120b at TP2 and TP4, gpt-oss-20b at TP1).
+MEDIAN_LARGE_BATCH_MOE_ERROR = 0.30    # measured 0.276 (2026-12-05)
+UNBOUND_GPT_OSS_THROUGHPUT = {"gpustack-h100-gpt-oss-120b-tp2-sharegpt": 0.064,
+                              "gpustack-h100-gpt-oss-120b-tp4-sharegpt": 0.087,
+                              "gpustack-h100-gpt-oss-20b-sharegpt": 0.066}
+
+
+def test_the_public_large_batch_moe_checks_keep_their_recorded_errors():
+    """The large-batch MoE checks (hundreds of sequences at once, gpustack's performance lab) are
+    not fitted and not all met: the README says which miss and why. What holds is guarded: where
+    memory does not bind, gpt-oss's throughput at large batch is within 10 % as measured (the dense
+    Qwen3-8B of the same lab is +9 %), and the median error over all of them does not grow."""
+    from cost.hardware.calibration import errors
+
+    doc = json.loads(POINTS.read_text())
+    large = [c for c in doc["checks"] if c["question"] == "moe-large-batch"]
+    rows = errors(large, doc["sharegpt_means"])
+    assert len(large) == 11 and len(rows) == 37
+    assert float(np.median([abs(r["error"]) for r in rows])) <= MEDIAN_LARGE_BATCH_MOE_ERROR
+    throughput = {r["id"]: r["error"] for r in rows if r["metric"] == "total_tok_s"}
+    for check, recorded in UNBOUND_GPT_OSS_THROUGHPUT.items():
+        assert abs(throughput[check] - recorded) <= 0.01, (check, throughput[check])
+        assert abs(throughput[check]) <= 0.10
