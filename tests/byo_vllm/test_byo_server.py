@@ -163,11 +163,10 @@ def _tgi_stream(url: str, i: int, max_tokens: int) -> tuple[int, list[dict]]:
     return r.status_code, sse_events(r)
 
 
-# Pings from a process of its own, as SageMaker's health checker does: a pinger thread in
-# this process would time its wait for the GIL behind the 64 client threads parsing events.
-# Pings /ping from a process of its own (as SageMaker's checker does) until a stop file appears:
-# "ready" once its first ping is answered, then, at the end, each ping's start (the machine's
-# monotonic clock, shared by every process) and how long it took.
+# Pings /ping from a process of its own, as SageMaker's health checker does (a pinger thread in
+# this process would time its wait for the GIL behind the 64 client threads parsing events),
+# until a stop file appears: "ready" once its first ping is answered, then, at the end, each
+# ping's start (the machine's monotonic clock, shared by every process) and how long it took.
 PINGER = """
 import json, os, sys, time, urllib.request
 url, stop_file = sys.argv[1], sys.argv[2]
