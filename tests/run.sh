@@ -65,7 +65,7 @@ export SPECTRUM_GUIDELLM="$PWD/$guidellm_venv/bin/guidellm"
 # vLLM on CPU reserves most of a NUMA node for its KV cache unless told otherwise.
 export VLLM_CPU_KVCACHE_SPACE=${VLLM_CPU_KVCACHE_SPACE:-1}
 export SAGEMAKER_SUPPRESS_V2_WARNING=1
-# Two workers (pytest-xdist): the tests that run an engine, an image or a whole CLI in one, in
-# their order, the rest in the other (tests/conftest.py groups them). SPECTRUM_TEST_WORKERS=0
-# runs everything in this process.
+# Two workers (pytest-xdist): the tests that run an engine or an image in one, in their order,
+# the rest in the other (tests/conftest.py groups them). SPECTRUM_TEST_WORKERS=0 runs everything
+# in this process.
 exec "$venv/bin/python" -m pytest -n "${SPECTRUM_TEST_WORKERS:-2}" --dist loadgroup "$@"
