@@ -43,7 +43,14 @@ PARAMETERS = ([(f"{f}.bandwidth", 0.4, 1.0, 0.85, 0.1) for f in FAMILIES]
                  ("seq_s", 1e-7, 3e-4, 2e-5, 1.0), ("request_s", 1e-5, 0.05, 5e-3, 1.0),
                  ("allreduce_pcie_s", 5e-6, 5e-4, 3e-5, 1.0), ("weight_only_gemm", 0.2, 1.0, 0.6, 0.3),
                  ("moe_gemm", 0.05, 1.0, 0.5, 0.5), ("kv_bandwidth", 0.2, 1.0, 0.7, 0.3)])
-PRIORS = {"attention_of_gemm": 0.7, "link": 0.7, "allreduce_nvlink_s": 8e-6}
+# frontend_request_s: the share of request_s that vLLM's API server spends on one event loop per
+# request (parsing, tokenising, answering), so requests pass it one at a time; measured on this
+# project's 2-core machine with vLLM's own server (benchmarks/server-vs-vllm, --max-tokens 1:
+# 1.8-2.2 ms a request, median 2.1), rounded down for a GPU host's faster cores.
+PRIORS = {"attention_of_gemm": 0.7, "link": 0.7, "allreduce_nvlink_s": 8e-6, "frontend_request_s": 2e-3}
+FRONTEND_SOURCE = (f"{PRIORS['frontend_request_s'] * 1e3:g} ms of request_s spent one request at a time on "
+                   "vLLM's API server (its one event loop; measured 1.8-2.2 ms with vLLM's own server on a "
+                   "2-core machine, benchmarks/server-vs-vllm/README.md)")
 # A serving stack's output cap (points.json's ``output_caps``), fitted beside the efficiencies on
 # its own points: tok/s, bounds, prior and a spread wide enough to leave it to its points.
 CAP = (100.0, 1e5, 3000.0, 3.0)
@@ -70,7 +77,8 @@ def efficiencies(values: dict[str, float], source: str = "fit") -> dict[str, Eff
                                  step_s=values["step_s"], seq_s=values["seq_s"], request_s=values["request_s"],
                                  allreduce_s={"nvlink": PRIORS["allreduce_nvlink_s"],
                                               "pcie": values["allreduce_pcie_s"]},
-                                 link=PRIORS["link"], source=source)
+                                 link=PRIORS["link"], frontend_request_s=PRIORS["frontend_request_s"],
+                                 source=source)
     return out
 
 
@@ -159,11 +167,11 @@ def write_table(values: dict[str, float], points, engine_at_priors: bool = False
                       "seq_s": float(f"{values['seq_s']:.4g}"), "request_s": float(f"{values['request_s']:.4g}"),
                       "allreduce_s": {"nvlink": PRIORS["allreduce_nvlink_s"],
                                       "pcie": float(f"{values['allreduce_pcie_s']:.4g}")},
-                      "link": PRIORS["link"],
+                      "link": PRIORS["link"], "frontend_request_s": PRIORS["frontend_request_s"],
                       "source": f"{how}{ids}; priors (not fitted): attention "
                                 f"at {PRIORS['attention_of_gemm']} of the matmul rate, NVLink all-reduce "
                                 f"{PRIORS['allreduce_nvlink_s'] * 1e6:g} µs (vLLM's custom all-reduce), links at "
-                                f"{PRIORS['link']} of their bandwidth"}}
+                                f"{PRIORS['link']} of their bandwidth, {FRONTEND_SOURCE}"}}
     doc["output_caps"] = {
         "fitted": {cap: round(v) for cap, v in output_caps(values).items()},
         "why": "tok/s: the rate at which each serving stack named by points.json's output_caps handed tokens on, "

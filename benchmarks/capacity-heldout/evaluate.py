@@ -132,6 +132,13 @@ class Repo:
 
 AIC_SAMPLE = "silicon_sample.csv"
 AIC_MEASURED = {("ttft", "mean"): "silicon_ttft_ms", ("tpot", "mean"): "silicon_tpot_ms"}
+# Requests per point, in rounds of the concurrency. The file does not say how many requests a
+# point sent; AIConfigurator's own benchmark scripts send C × MULTI_ROUND (20 by default) with
+# `aiperf profile --concurrency C`, after a warmup phase that AIPerf drains before it starts
+# counting (src/aiconfigurator/generator/config/backend_templates/benchmark/bench_run.sh.j2 and
+# generator/sflow.py at 095f58a51; aiperf 0.3.0 timing/credit_issuing_strategy.py). So the
+# counted requests start from an empty server, C at once, and every one is in the means.
+AIC_ROUNDS = 20
 
 
 def _int(value: str | None) -> int | None:
@@ -232,7 +239,8 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
             "set": "aiconfigurator", "id": rid, "model": model, "catalog_model": lookup, "family": fam[0],
             "moe": fam[1], "gpu": gpu,
             "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype, "kv_dtype": "auto", "engine": {}, "vllm_version": _aic_version(row),
-            "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl},
+            "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl,
+                     "requests": AIC_ROUNDS * conc},
             "measured": measured, "comparators": {}, "source": source,
             "notes": ([f"expert parallel {moe_ep} over the TP group"] if fam[1] and moe_ep > 1 else [])
                      + [f"AIC quant {row.get('gemm_quant_mode') or 'bf16'}/{row.get('moe_quant_mode') or '-'}"],
@@ -492,7 +500,10 @@ def predict(workload: dict[str, Any], api: Any, cache: dict, max_requests: int, 
     if load["kind"] == "closed":
         c = load["concurrency"]
         kw = {}
-        if _accepts(api.closed_loop, "requests"):    # steady state needs more than 2C (ramp and drain cut)
+        if load.get("requests") and _accepts(api.closed_loop, "steady_state"):
+            # the benchmark's own requests from an empty server, every one counted as its client does
+            kw.update(requests=load["requests"], steady_state=False)
+        elif _accepts(api.closed_loop, "requests"):    # steady state needs more than 2C (ramp and drain cut)
             kw["requests"] = max(3 * c, min(max(10 * c, 200), max_requests))
         res = api.closed_loop(cap, concurrency=c, input_tokens=load["input_tokens"],
                               output_tokens=load["output_tokens"], **kw)

@@ -8,7 +8,9 @@ the package, apart from the fit, so the tests check the shipped efficiencies aga
 points with the same code.
 
 Workloads: ``burst`` (every request at t = 0: an offline batch, or a benchmark's N prompts at
-once) and ``closed_loop`` (C requests always in flight). An ``offline`` engine (vLLM's LLM class,
+once) and ``closed_loop`` (C requests always in flight: with the benchmark's ``requests`` N,
+those N from an empty server, every one counted as the client reports them; without, a steady
+state, for sources that do not say N). An ``offline`` engine (vLLM's LLM class,
 as its CI benchmarks run) has the LLM class's defaults and no HTTP overhead.
 """
 from __future__ import annotations
@@ -73,7 +75,7 @@ def point_capacity(point: dict[str, Any], efficiency=None):
                                      instance=point.get("instance"), tp=point["tp"], dtype=point["dtype"],
                                      efficiency_override=efficiency, **flags)
     if point.get("engine") == "offline":
-        capacity = dataclasses.replace(capacity, request_overhead_s=0.0)
+        capacity = dataclasses.replace(capacity, request_overhead_s=0.0, frontend_request_s=0.0)
     return capacity, details
 
 
@@ -100,7 +102,10 @@ def predict_point(point: dict[str, Any], sharegpt_means: dict[str, float], effic
     elif w["kind"] == "closed_loop":
         if w.get("sizes") == "sharegpt":
             run = _closed_loop_sizes(capacity, w["concurrency"], inputs, outputs)
-        else:
+        elif "requests" in w:           # the benchmark's own N from an empty server, all counted
+            run = closed_loop(capacity, w["concurrency"], int(inputs[0]), int(outputs[0]),
+                              requests=w["requests"], steady_state=False)
+        else:                           # N not published: what a server kept at C sees
             run = closed_loop(capacity, w["concurrency"], int(inputs[0]), int(outputs[0]))
         makespan = math.nan
     else:

@@ -204,7 +204,9 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     With ``closed_concurrency`` C, request i + C is sent when the client has request i's last
     token (closed loop), else at its ``arrival``. The request overhead (HTTP, tokenising) is
     added to both times, as the fleet adds it, so a closed loop sends its next request that
-    much after the engine's last step."""
+    much after the engine's last step; its ``frontend_request_s`` share is spent before the
+    engine sees the request, one request at a time (the API server's event loop), so requests
+    sent together (a burst, a closed loop's wave) reach the engine spread out."""
     import heapq
 
     from cost.simulate.replica import BatchingReplica
@@ -212,7 +214,8 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     n = len(inputs)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
-    overhead = capacity.request_overhead_s
+    serial = capacity.frontend_request_s
+    overhead = capacity.request_overhead_s - serial
     done: list[int] = []
 
     def on_finish(request: int, first_s: float, last_s: float) -> None:
@@ -220,14 +223,24 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         done.append(request)
 
     replica = BatchingReplica(capacity, inputs.tolist(), outputs.tolist(), on_finish)
+    free = [0.0]
+
+    def admitted(sent: float) -> float:
+        """When the engine has a request sent at ``sent``: after the front end's turn on it."""
+        free[0] = max(sent, free[0]) + serial
+        return free[0]
+
     if closed_concurrency is None:
         for i in np.argsort(arrival, kind="stable"):
-            replica.advance_to(float(arrival[i]))
-            replica.arrive(int(i), float(arrival[i]))
+            at = admitted(float(arrival[i]))
+            replica.advance_to(at)
+            replica.arrive(int(i), at)
         replica.advance_to(math.inf)
         return arrival, first, last
     arrival = np.zeros(n)
-    pending = [(0.0, i) for i in range(min(closed_concurrency, n))]     # (send time, request)
+    pending = []
+    for i in range(min(closed_concurrency, n)):
+        pending.append((admitted(0.0), i))
     sent = len(pending)
     while len(done) < n:
         t = min(replica.next_boundary_s(), pending[0][0] if pending else math.inf)
@@ -237,28 +250,40 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         replica.advance_to(t)
         while pending and pending[0][0] <= t:
             at, request = heapq.heappop(pending)
-            arrival[request] = at
             replica.arrive(request, at)
-        for request in done[seen:]:
+        for request in sorted(done[seen:], key=lambda r: last[r]):
             if sent < n:
-                heapq.heappush(pending, (float(last[request]), sent))
+                arrival[sent] = float(last[request])
+                heapq.heappush(pending, (admitted(float(last[request])), sent))
                 sent += 1
     return arrival, first, last
 
 
 def closed_loop(capacity: CapacityModel, concurrency: int, input_tokens: int, output_tokens: int,
-                requests: int | None = None) -> dict[str, Any]:
-    """C requests of these sizes always in flight (a benchmark client at fixed concurrency), in
-    steady state: the first and last C requests (ramp-up and drain) are left out of the figures.
-    Queueing is included where the KV cache or ``max_num_seqs`` cannot hold C."""
+                requests: int | None = None, steady_state: bool = True) -> dict[str, Any]:
+    """C requests of these sizes always in flight (a benchmark client at fixed concurrency).
+    Queueing is included where the KV cache or ``max_num_seqs`` cannot hold C.
+
+    ``steady_state`` (the default): the first and last C requests (ramp-up and drain) are left
+    out of the figures, which then say what a server kept at C sees. ``steady_state=False``
+    reports what a benchmark client reports: its ``requests`` sent from an empty server, every
+    one counted. ``vllm bench serve --max-concurrency C --num-prompts N`` and AIPerf (whose
+    profiling phase starts once its warmup has drained) both start C requests at once, so their
+    mean TTFT carries that first wave's prefill queue (C prompts through the step's token
+    budget) at a weight of C / N."""
     if not (isinstance(concurrency, int) and concurrency >= 1):
         raise BadInput(f"--concurrency {concurrency!r} must be a whole number >= 1")
+    if requests is not None and not (isinstance(requests, int) and requests >= 1):
+        raise BadInput(f"requests {requests!r} must be a whole number >= 1")
     n = requests or max(10 * concurrency, 200)
     inputs = np.full(n, int(input_tokens))
     outputs = np.full(n, max(1, int(output_tokens)))
     arrival, first, last = _run(capacity, np.zeros(n), inputs, outputs, closed_concurrency=concurrency)
     keep = np.zeros(n, dtype=bool)
-    keep[concurrency:max(concurrency + 1, n - concurrency)] = True
+    if steady_state:
+        keep[concurrency:max(concurrency + 1, n - concurrency)] = True
+    else:
+        keep[:] = True
     return _summary(arrival, first, last, outputs, keep)
 
 

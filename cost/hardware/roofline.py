@@ -15,7 +15,8 @@ tensor-parallel group of ``tp``:
   (``allreduce_s``, by link) and ``2 (tp − 1) / tp`` of the payload over the link;
 - fixed costs: per layer a step (norms, rotary, kernel gaps CUDA graphs leave), per step
   (scheduler, input preparation), per sequence a step (sampling, bookkeeping), per request
-  (HTTP, tokenising: ``request_overhead_s``).
+  (HTTP, tokenising: ``request_overhead_s``), of which the API server spends
+  ``frontend_request_s`` on each request in turn (one event loop).
 
 The achieved fractions and fixed costs are ``Efficiency``, per GPU family, read from the dated
 file ``data/efficiency-*.json`` where each is stated with the public measurement it was fitted on
@@ -58,6 +59,7 @@ class Efficiency:
     allreduce_s: dict         # latency of one all-reduce, by link ("nvlink", "pcie")
     link: float               # of the link's bandwidth, all-reduce payloads
     source: str
+    frontend_request_s: float = 0.0   # of request_s, spent one request at a time on the API server's event loop
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -94,6 +96,7 @@ def efficiency(family: str) -> Efficiency:
                       kv_bandwidth=shared["kv_bandwidth"], layer_s=shared["layer_s"],
                       step_s=shared["step_s"], seq_s=shared["seq_s"], request_s=shared["request_s"],
                       allreduce_s=dict(shared["allreduce_s"]), link=shared["link"],
+                      frontend_request_s=shared.get("frontend_request_s", 0.0),
                       source=(note + "; " if note else "") + f"{doc['file']}: {entry.get('source', '')}")
 
 
@@ -142,7 +145,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         step_per_seq_s=eff.seq_s + 2 * lm_head_params / tp / gemm_rate + allreduce_payload,
         step_per_kv_token_s=plan.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
         prefill_per_token_s=prefill_attention + allreduce_payload,
-        request_overhead_s=eff.request_s,
+        request_overhead_s=eff.request_s, frontend_request_s=min(eff.frontend_request_s, eff.request_s),
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
         gemm_per_token_s=matmul_s / tp,
@@ -163,6 +166,9 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         {"what": "fixed costs: per layer a step, per step, per sequence a step, per request",
          "value": f"{eff.layer_s * 1e6:.1f} µs, {eff.step_s * 1e3:.2f} ms, {eff.seq_s * 1e6:.1f} µs, "
                   f"{eff.request_s * 1e3:.1f} ms", "source": eff.source},
+        {"what": "the front end takes requests one at a time (vLLM's API server: one event loop)",
+         "value": f"{min(eff.frontend_request_s, eff.request_s) * 1e3:.1f} ms of the {eff.request_s * 1e3:.1f} ms "
+                  "a request", "source": eff.source},
         {"what": "prefill attention charged at the mix's mean context (half the mean prompt)",
          "value": f"{mean_prompt_tokens / 2:,.0f} tokens at {eff.attention:.2f} of the 16-bit peak",
          "source": "FlashAttention's FLOP count, 4·heads·head_dim a layer per token pair"},

@@ -115,6 +115,11 @@ class CapacityModel:
     experts_read_s: float = 0.0    # reading every routed expert once (MoE); a step reads those its tokens touch
     experts: int = 0               # routed experts per MoE layer (0: dense)
     experts_per_token: int = 0     # experts each token is routed to
+    # The share of request_overhead_s the front end spends on each request one at a time (vLLM's
+    # API server runs one event loop), so requests sent together reach the engine spread out.
+    # Set by a model built from specs and applied by its workload drivers (cost.hardware.predict);
+    # 0 in a bench fit, and the fleet's replays take all of request_overhead_s as a delay.
+    frontend_request_s: float = 0.0
 
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
@@ -131,6 +136,9 @@ class CapacityModel:
             value = getattr(self, name)
             if not _is_number(value) or not math.isfinite(value) or value < 0:
                 raise BadInput(f"capacity model: {name} = {value!r} must be a finite number >= 0 (seconds)")
+        if not (_is_number(self.frontend_request_s) and 0 <= self.frontend_request_s <= self.request_overhead_s):
+            raise BadInput(f"capacity model: frontend_request_s = {self.frontend_request_s!r} must be a number "
+                           f"from 0 to request_overhead_s ({self.request_overhead_s!r}): it is a share of it")
         if self.experts_read_s and not (0 < self.experts_per_token <= self.experts):
             raise BadInput(f"capacity model: experts_read_s is set, so experts ({self.experts!r}) and "
                            f"experts_per_token ({self.experts_per_token!r}) must satisfy 0 < top-k <= experts")
@@ -234,7 +242,8 @@ class CapacityModel:
             raise BadInput(f"{where} has no {missing[0]!r}" + (f" (nor {', '.join(map(repr, missing[1:]))})"
                                                                 if len(missing) > 1 else "")
                            + f": a capacity model needs {', '.join(required)}")
-        roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token") if doc.get(k) is not None}
+        roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token", "frontend_request_s")
+                    if doc.get(k) is not None}
         try:
             return cls(**{k: doc[k] for k in required}, **roofline,
                        source=str(doc.get("source") or where), fit=dict(doc.get("fit") or {}))
