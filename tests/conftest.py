@@ -2,6 +2,9 @@
 (shared_servers.py: each stops after its last test)."""
 from __future__ import annotations
 
+import os
+import tempfile
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -27,7 +30,8 @@ def pytest_collection_modifyitems(config, items):
     engine test whether or not it says so. The whole CLIs of tests/e2e go first (an engine start
     is mostly one core's imports, which leaves the second worker a core), and the agent's and
     the bench's tests last, on the plain server they share: the bench's profiles and the
-    validation measure the engine's speed, so they run once the second worker is done."""
+    validation measure the engine's speed, so they run last and wait for the second worker to
+    be done (``other_workers_done``)."""
     items.sort(key=_engine_order)       # stable: within each part, as collected
     for item in items:
         if ENGINE_SERVER_FIXTURES & set(getattr(item, "fixturenames", ())):
@@ -64,6 +68,45 @@ def pytest_runtest_teardown(item, nextitem):
 
 def pytest_sessionfinish(session, exitstatus):
     stop_all()
+    done = _worker_done_file(session.config)
+    if done is not None:            # after its servers stopped: this worker takes no more CPU
+        done.parent.mkdir(parents=True, exist_ok=True)
+        done.touch()
+
+
+# How long the tests that measure the engine's speed wait for the other workers to finish: far
+# longer than a worker's share of the suite, so reaching it means one of them hung.
+OTHER_WORKERS_WAIT_S = 1800
+
+
+def _worker_done_file(config) -> Path | None:
+    """Where an xdist worker marks that it has finished (None outside xdist): one folder per run,
+    named by the run id xdist gives every worker of it."""
+    worker = getattr(config, "workerinput", None)
+    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+    if worker is None or not run:
+        return None
+    return Path(tempfile.gettempdir()) / f"spectrum-tests-{run}" / f"{worker['workerid']}.done"
+
+
+@pytest.fixture(scope="session")
+def other_workers_done(request) -> float:
+    """Waits until every other xdist worker has finished its tests and stopped its servers, and
+    returns how long that took (s). The bench's profiles and the validation measure the engine's
+    speed on two cores: a second worker still running beside them (a server starting, a CLI's
+    imports) slowed one 50 % replay by 2.5x for 4 of its 17 s. The ordering alone (they run
+    last in the engine worker) did not guarantee it once the engine worker got there first."""
+    done = _worker_done_file(request.config)
+    if done is None:
+        return 0.0
+    others = request.config.workerinput["workercount"] - 1
+    start = time.monotonic()
+    while len([p for p in done.parent.glob("*.done") if p != done]) < others:
+        if time.monotonic() - start > OTHER_WORKERS_WAIT_S:
+            pytest.fail(f"the other {others} pytest-xdist worker(s) did not finish within "
+                        f"{OTHER_WORKERS_WAIT_S} s (no {done.parent}/gw*.done): one of them hung")
+        time.sleep(1.0)
+    return time.monotonic() - start
 
 
 @pytest.fixture(scope="session")

@@ -401,8 +401,12 @@ STEADY_SAMPLES = 32
 
 
 def group_by_batch(sent_s, ttft_s, e2e_s, input_tokens, output_tokens, groups: int = STEADY_GROUPS,
-                   min_group: int = STEADY_MIN_GROUP, samples: int = STEADY_SAMPLES) -> list[dict[str, Any]]:
+                   min_group: int = STEADY_MIN_GROUP, samples: int = STEADY_SAMPLES,
+                   by: str = "batch") -> list[dict[str, Any]]:
     """Answered open-loop requests grouped by the batch their decode met: ``steady`` points.
+    ``by="sent"`` cuts them in the order they were sent instead (each point then says the span
+    of send times it covers, ``sent_from_s`` / ``sent_to_s``): how the server's speed moved over
+    time, whatever batch each request met.
 
     Per request (parallel sequences; a request with any of its times or sizes None is left out):
     its decode runs from its first token to its last (send + TTFT, send + E2E, client times). At
@@ -415,6 +419,8 @@ def group_by_batch(sent_s, ttft_s, e2e_s, input_tokens, output_tokens, groups: i
     """
     import numpy as np
 
+    if by not in ("batch", "sent"):
+        raise ValueError(f"group_by_batch: by={by!r} is not 'batch' or 'sent'")
     done = [(s, f, e, i, o) for s, f, e, i, o in zip(sent_s, ttft_s, e2e_s, input_tokens, output_tokens)
             if s is not None and f is not None and e is not None and i is not None and o]
     if not done:
@@ -433,17 +439,21 @@ def group_by_batch(sent_s, ttft_s, e2e_s, input_tokens, output_tokens, groups: i
         kv = np.where(live, prompt + made, 0.0).sum(axis=1)
         arrived = (first > first[j]) & (first <= last[j])
         tpot = (last[j] - first[j]) / (answer[j] - 1)
-        rows.append((live.sum(axis=1).mean(), kv.mean(), prompt[arrived].sum() / (last[j] - first[j]), tpot))
+        rows.append((live.sum(axis=1).mean(), kv.mean(), prompt[arrived].sum() / (last[j] - first[j]), tpot,
+                     done[j][0]))
     count = min(groups, len(rows) // min_group)
     if count < 1:
         return []
-    rows.sort()
+    rows.sort(key=(lambda row: row[4]) if by == "sent" else None)
     points = []
     for part in np.array_split(np.array(rows), count):
-        points.append({"kind": "steady", "decoding_seqs": float(part[:, 0].mean()),
-                       "kv_tokens": float(part[:, 1].mean()), "prefill_tokens_per_s": float(part[:, 2].mean()),
-                       "tpot_s": float(np.median(part[:, 3])), "requests": len(part),
-                       "decoding_seqs_min": float(part[:, 0].min()), "decoding_seqs_max": float(part[:, 0].max())})
+        point = {"kind": "steady", "decoding_seqs": float(part[:, 0].mean()),
+                 "kv_tokens": float(part[:, 1].mean()), "prefill_tokens_per_s": float(part[:, 2].mean()),
+                 "tpot_s": float(np.median(part[:, 3])), "requests": len(part),
+                 "decoding_seqs_min": float(part[:, 0].min()), "decoding_seqs_max": float(part[:, 0].max())}
+        if by == "sent":
+            point.update(sent_from_s=float(part[:, 4].min()), sent_to_s=float(part[:, 4].max()))
+        points.append(point)
     return points
 
 

@@ -503,22 +503,32 @@ def replay_speed(replay: dict[str, Any], capacity) -> dict[str, Any] | None:
     requests grouped by the batch their decode met (``group_by_batch``, as the profile's steady
     points are), and per group the model's time per output token there over the measured one;
     ``factor`` is their mean weighted by requests (above 1: the server ran faster than its
-    profile says). None where too few requests say a time per token."""
+    profile says). ``over_time``: the same, the requests cut in the order they were sent, which
+    shows a spell (another process taking the CPU for a few seconds) that the batch groups mix
+    with the rest. None where too few requests say a time per token."""
     from cost.simulate.capacity import group_by_batch
 
     ok = [r for r in replay.get("requests", []) if r.get("status") == "ok" and r.get("sent_s") is not None]
-    groups = group_by_batch([r["sent_s"] for r in ok],
-                            [None if r.get("ttft_ms") is None else r["ttft_ms"] / 1000 for r in ok],
-                            [None if r.get("e2e_ms") is None else r["e2e_ms"] / 1000 for r in ok],
-                            [r.get("input_tokens") for r in ok], [r.get("output_tokens") for r in ok])
+    columns = ([r["sent_s"] for r in ok], [None if r.get("ttft_ms") is None else r["ttft_ms"] / 1000 for r in ok],
+               [None if r.get("e2e_ms") is None else r["e2e_ms"] / 1000 for r in ok],
+               [r.get("input_tokens") for r in ok], [r.get("output_tokens") for r in ok])
+    groups = group_by_batch(*columns)
     if not groups:
         return None
     per_group = [capacity.steady_tpot_s(g) / g["tpot_s"] for g in groups]
     weights = [g["requests"] for g in groups]
     factor = sum(f * w for f, w in zip(per_group, weights)) / sum(weights)
-    return {"factor": round(factor, 3), "groups": [
-        {"decoding_seqs": round(g["decoding_seqs"], 1), "requests": g["requests"],
-         "tpot_ms": round(g["tpot_s"] * 1000, 3), "model_over_measured": round(f, 3)} for g, f in zip(groups, per_group)]}
+
+    def described(group: dict[str, Any]) -> dict[str, Any]:
+        out = {"decoding_seqs": round(group["decoding_seqs"], 1), "requests": group["requests"],
+               "tpot_ms": round(group["tpot_s"] * 1000, 3),
+               "model_over_measured": round(capacity.steady_tpot_s(group) / group["tpot_s"], 3)}
+        if "sent_from_s" in group:
+            out.update(sent_from_s=round(group["sent_from_s"], 2), sent_to_s=round(group["sent_to_s"], 2))
+        return out
+
+    return {"factor": round(factor, 3), "groups": [described(g) for g in groups],
+            "over_time": [described(g) for g in group_by_batch(*columns, by="sent")]}
 
 
 def _ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:

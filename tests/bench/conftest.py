@@ -13,11 +13,12 @@ from bench_profiles import FIT_BOUND, TraceProfile, decode_bound, profile_with_t
 
 
 @pytest.fixture(scope="session")
-def trace_profile(plain_server, tmp_path_factory) -> TraceProfile:
+def trace_profile(plain_server, tmp_path_factory, other_workers_done) -> TraceProfile:
     """The shared server profiled with TRACE_MIX: what test_capacity_profile.py checks, and what
     CI's validation paces its replays from. Noise on these machines only slows a point down: a
     profile whose fit misses the bounds test_capacity_profile.py holds it to is taken once more,
-    and the better fit kept."""
+    and the better fit kept. Taken once the other pytest-xdist worker is done
+    (``other_workers_done``), as the validation's replays after it are."""
     folder = tmp_path_factory.mktemp("trace-profile")
     runs = []
     for attempt in range(2):
