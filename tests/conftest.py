@@ -93,9 +93,9 @@ def _worker_done_file(config) -> Path | None:
 def other_workers_done(request) -> float:
     """Waits until every other xdist worker has finished its tests and stopped its servers, and
     returns how long that took (s). The bench's profiles and the validation measure the engine's
-    speed on two cores: a second worker still running beside them (a server starting, a CLI's
-    imports) slowed one 50 % replay by 2.5x for 4 of its 17 s. The ordering alone (they run
-    last in the engine worker) did not guarantee it once the engine worker got there first."""
+    speed on two cores, where a second worker still running beside them (a server starting, a
+    CLI's imports) would take its share; running them last in the engine worker made that
+    likely, not certain."""
     done = _worker_done_file(request.config)
     if done is None:
         return 0.0
