@@ -81,7 +81,9 @@ def point_capacity(point: dict[str, Any], efficiency=None):
 
 def predict_point(point: dict[str, Any], sharegpt_means: dict[str, float], efficiency=None,
                   output_cap_tok_s: float | None = None) -> dict[str, float]:
-    """The point's measured quantities, predicted (same keys as its ``measured``).
+    """The point's measured quantities, predicted (same keys as its ``measured``): means
+    (``ttft_ms``, ``tpot_ms``, ``e2e_ms``) or medians (``ttft_p50_ms``, ``tpot_p50_ms``), as the
+    source published them.
 
     ``output_cap_tok_s``: the rate at which the point's serving stack (its front end or client)
     hands tokens on, when its own measurements show one below the engine's (points.json's
@@ -113,8 +115,9 @@ def predict_point(point: dict[str, Any], sharegpt_means: dict[str, float], effic
     if output_cap_tok_s and w["kind"] == "closed_loop" and run["output_tok_s"] > output_cap_tok_s:
         slower = run["output_tok_s"] / output_cap_tok_s
         run = {**run, "output_tok_s": output_cap_tok_s,
-               "tpot_ms": {**run["tpot_ms"], "mean": run["tpot_ms"]["mean"] * slower}}
+               "tpot_ms": {k: v * slower for k, v in run["tpot_ms"].items()}}
     derived = {"e2e_ms": run["e2e_ms"]["mean"], "ttft_ms": run["ttft_ms"]["mean"], "tpot_ms": run["tpot_ms"]["mean"],
+               "ttft_p50_ms": run["ttft_ms"]["p50"], "tpot_p50_ms": run["tpot_ms"]["p50"],
                "output_tok_s": run["output_tok_s"],
                "requests_per_s": len(inputs) / makespan if makespan == makespan else None,
                "total_tok_s": float(inputs.sum() + outputs.sum()) / makespan if makespan == makespan else None,
