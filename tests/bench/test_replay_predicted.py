@@ -182,27 +182,41 @@ def test_at_the_speed_the_replay_ran_at_the_queue_and_batching_predict_e2e(valid
         prediction = validation[load]["prediction"]
         at_speed = prediction["at_replay_speed"]
         assert at_speed is not None and len(at_speed["groups"]) >= 3, (load, at_speed)
-        spread = replay_speed_spread(at_speed)
         for stat, goal in (("p50", 0.15), ("p99", 0.25)):
-            bound = min(1.0, goal + e2e_sensitivity(prediction, stat) * spread)
+            bound = min(1.0, goal + e2e_sensitivity(prediction, stat) * replay_speed_spread(at_speed, stat))
             ratio = at_speed["ratio"]["e2e_ms"][stat]
             assert 1 / (1 + bound) <= ratio <= 1 + bound, (load, stat, bound, at_speed)
 
 
-def replay_speed_spread(at_speed: dict) -> float:
-    """How far the replay's own speed moved within it: half the spread of the model's time per
-    token over the measured one from the slowest group to the fastest (0 for a server that held
-    its speed), the larger of two groupings, at most 0.3. Grouped by batch, it shows a server whose
-    speed depends on its batch otherwise than the profile's line says; grouped by send time
-    (``over_time``), a spell of another process's CPU inside the replay (a noisy neighbour), which
-    the batch groups mix with the rest: one 50 % replay decoded 2.5x slower for 4 of its 17 s,
-    0.69 of the model's speed in its fourth sixth against 0.77 in its slowest batch group. Either
-    leaves one speed factor off by that much for part of the replay, whatever the queue model says."""
+def replay_speed_spread(at_speed: dict, stat: str) -> float:
+    """How far the replay's own speed moved within it, at most 0.3 (0 for a server that held its
+    speed): the model's time per token over the measured one, per group of the replay's
+    requests, against the one factor the prediction runs at.
+
+    Two cuts are used, and the larger deviation counts:
+    - By batch: a server whose speed depends on its batch otherwise than the profile's line says.
+    - By send order (``over_time``): a spell of another process's CPU inside the replay (a noisy
+      neighbour), which the batch groups mix with the rest.
+
+    A median mixes the groups, so it moves by half the spread from the slowest group to the
+    fastest. A p99 is set by the slowest (or fastest) sixth, which holds far more than 1 % of
+    the requests, so it moves by that group's distance from the factor. Two full runs on
+    2026-12-05 had a 50 % replay decode 2-3x slower for 3-4 s of its 17 s, with the second
+    worker long done:
+    - one at 8-12 s: its fourth sixth ran at 0.69 against a factor of 0.90, its slowest batch
+      group at 0.77;
+    - one at 0-3 s: its first sixth ran at 0.80 against 1.05.
+    The E2E p99 came out at 0.61 and 0.55 of the prediction."""
+    factor = at_speed["factor"]
     spreads = []
     for groups in (at_speed["groups"], at_speed.get("over_time") or []):
         factors = [g["model_over_measured"] for g in groups]
-        if factors:
+        if not factors:
+            continue
+        if stat == "p50":
             spreads.append((max(factors) / min(factors) - 1) / 2)
+        else:
+            spreads.append(max(factor / min(factors) - 1, max(factors) / factor - 1))
     return min(0.3, max(spreads))
 
 
