@@ -20,7 +20,7 @@ which an older profile does not move, and each profile is 50-190 s of a suite on
 What is asserted is what the model must get right on a machine whose speed moves 2-3× between
 minutes (FACTS §4): at half the profile's capacity, p50 TTFT and E2E within a factor of 2 of the
 measurement, so a wrong step model (10× off) or a wrong queue (no batching) fails; at 130 % a
-queue that grows in the prediction, and a measured TTFT no better than at 50 %. At 90 % a
+queue that grows in the prediction (its TTFT p90), and a measured TTFT no better than at 50 %. At 90 % a
 capacity 10-20 % off (as much as this machine's speed moves between minutes) doubles the
 queue: that ratio is recorded, not asserted, and benchmarks/latency-model/README.md reports it against the ±15 % /
 ±25 % goal. What is asserted there is the prediction at the speed the replay's own requests
@@ -233,6 +233,10 @@ def e2e_sensitivity(prediction: dict, stat: str) -> float:
 
 
 def test_overload_grows_a_queue(validation):
+    """At 130 % the predicted queue grows through the replay: the later requests wait, so its
+    TTFT p90 is many times the 50 % replay's. The p50 is not asked for: in a replay of 7-17 s
+    the backlog reaches the median request only as far as the overload has run by then (one full
+    run predicted 57 ms at p50 and 1,268 ms at p90 against 14 and 18.5 at 50 %)."""
     low, high = validation["0.5"]["prediction"], validation["1.3"]["prediction"]
-    assert high["predicted"]["ttft_ms"]["p50"] > 5 * low["predicted"]["ttft_ms"]["p50"], (low, high)
+    assert high["predicted"]["ttft_ms"]["p90"] > 5 * low["predicted"]["ttft_ms"]["p90"], (low, high)
     assert high["measured"]["ttft_ms"]["p50"] >= low["measured"]["ttft_ms"]["p50"], (low, high)
