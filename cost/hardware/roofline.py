@@ -137,6 +137,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         per_token = ACTIVATION_BYTES * model.hidden * 2 * (tp - 1) / tp / (link_gb_s * 1e9 * eff.link)
         allreduce_payload = 2 * model.layers * per_token
         allreduce_latency = 2 * model.layers * eff.allreduce_s[link]
+    frontend_s = min(eff.frontend_request_s, eff.request_s)     # a share of the request's overhead
     context = max(1.0, mean_prompt_tokens / 2)
     prefill_attention = (model.attention_flops_per_token_per_context(int(context), prefill=True) * context
                          / tp / attention_rate)
@@ -145,7 +146,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         step_per_seq_s=eff.seq_s + 2 * lm_head_params / tp / gemm_rate + allreduce_payload,
         step_per_kv_token_s=plan.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
         prefill_per_token_s=prefill_attention + allreduce_payload,
-        request_overhead_s=eff.request_s, frontend_request_s=min(eff.frontend_request_s, eff.request_s),
+        request_overhead_s=eff.request_s, frontend_request_s=frontend_s,
         max_num_seqs=plan.max_num_seqs, max_num_batched_tokens=plan.max_num_batched_tokens,
         kv_cache_tokens=max(1, plan.kv_cache_tokens), max_model_len=plan.max_model_len,
         gemm_per_token_s=matmul_s / tp,
@@ -167,7 +168,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
          "value": f"{eff.layer_s * 1e6:.1f} µs, {eff.step_s * 1e3:.2f} ms, {eff.seq_s * 1e6:.1f} µs, "
                   f"{eff.request_s * 1e3:.1f} ms", "source": eff.source},
         {"what": "the front end takes requests one at a time (vLLM's API server: one event loop)",
-         "value": f"{min(eff.frontend_request_s, eff.request_s) * 1e3:.1f} ms of the {eff.request_s * 1e3:.1f} ms "
+         "value": f"{frontend_s * 1e3:.1f} ms of the {eff.request_s * 1e3:.1f} ms "
                   "a request", "source": eff.source},
         {"what": "prefill attention charged at the mix's mean context (half the mean prompt)",
          "value": f"{mean_prompt_tokens / 2:,.0f} tokens at {eff.attention:.2f} of the 16-bit peak",

@@ -515,20 +515,21 @@ def replay_speed(replay: dict[str, Any], capacity) -> dict[str, Any] | None:
     groups = group_by_batch(*columns)
     if not groups:
         return None
-    per_group = [capacity.steady_tpot_s(g) / g["tpot_s"] for g in groups]
-    weights = [g["requests"] for g in groups]
-    factor = sum(f * w for f, w in zip(per_group, weights)) / sum(weights)
 
     def described(group: dict[str, Any]) -> dict[str, Any]:
         out = {"decoding_seqs": round(group["decoding_seqs"], 1), "requests": group["requests"],
                "tpot_ms": round(group["tpot_s"] * 1000, 3),
-               "model_over_measured": round(capacity.steady_tpot_s(group) / group["tpot_s"], 3)}
+               "model_over_measured": capacity.steady_tpot_s(group) / group["tpot_s"]}
         if "sent_from_s" in group:
             out.update(sent_from_s=round(group["sent_from_s"], 2), sent_to_s=round(group["sent_to_s"], 2))
         return out
 
-    return {"factor": round(factor, 3), "groups": [described(g) for g in groups],
-            "over_time": [described(g) for g in group_by_batch(*columns, by="sent")]}
+    by_batch = [described(g) for g in groups]
+    factor = sum(g["model_over_measured"] * g["requests"] for g in by_batch) / sum(g["requests"] for g in by_batch)
+    over_time = [described(g) for g in group_by_batch(*columns, by="sent")]
+    for g in by_batch + over_time:
+        g["model_over_measured"] = round(g["model_over_measured"], 3)
+    return {"factor": round(factor, 3), "groups": by_batch, "over_time": over_time}
 
 
 def _ratios(predicted: dict[str, Any], measured: dict[str, Any]) -> dict[str, Any]:
