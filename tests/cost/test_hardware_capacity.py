@@ -320,3 +320,20 @@ def test_the_public_large_batch_moe_checks_keep_their_recorded_errors():
     for check, recorded in UNBOUND_GPT_OSS_THROUGHPUT.items():
         assert abs(throughput[check] - recorded) <= 0.01, (check, throughput[check])
         assert abs(throughput[check]) <= 0.10
+
+
+def test_the_public_small_model_sweep_holds_the_step_and_not_the_first_token():
+    """A 0.5B model on an L4 (a public closed-loop sweep, c = 1-32, 256 in / 128 out; not fitted):
+    the engine's step holds (TPOT within 10 % at every concurrency, output within 25 %), while
+    the measured TTFT is 2.7-5.6x the engine's (the calibration README, "Small models"): the
+    README says why that is left unmodelled, and this guards that it stays a first-token gap."""
+    from cost.hardware.calibration import errors
+
+    doc = json.loads(POINTS.read_text())
+    sweep = [c for c in doc["checks"] if c["question"] == "small-model-overheads"]
+    rows = errors(sweep, doc["sharegpt_means"])
+    assert len(sweep) == 6 and len(rows) == 18
+    by_metric = {m: [r["error"] for r in rows if r["metric"] == m] for m in ("tpot_p50_ms", "output_tok_s", "ttft_p50_ms")}
+    assert all(abs(e) <= 0.10 for e in by_metric["tpot_p50_ms"]), by_metric
+    assert all(abs(e) <= 0.25 for e in by_metric["output_tok_s"]), by_metric
+    assert all(-0.85 <= e <= -0.55 for e in by_metric["ttft_p50_ms"]), by_metric

@@ -47,6 +47,8 @@ PUBLISHED = [
     # OpenAI, gpt-oss model card, Table 1: 116.83B / 20.91B total (active below).
     ("openai/gpt-oss-120b", 116.8e9, None),
     ("openai/gpt-oss-20b", 20.9e9, None),
+    # Qwen/Qwen2.5-0.5B-Instruct model card: "Number of Parameters: 0.49B" (0.36B non-embedding).
+    ("Qwen/Qwen2.5-0.5B-Instruct", 0.49e9, None),
 ]
 
 
