@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import math
 import sys
@@ -28,7 +29,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cost.hardware.calibration import errors, shipped_output_caps  # noqa: E402
+from cost.hardware.calibration import errors, moe_kernel_rows, shipped_output_caps  # noqa: E402
 from cost.hardware.roofline import DATA, Efficiency, efficiency_table  # noqa: E402
 
 FAMILIES = ("hopper", "ampere", "ada")
@@ -51,6 +52,9 @@ PRIORS = {"attention_of_gemm": 0.7, "link": 0.7, "allreduce_nvlink_s": 8e-6, "fr
 FRONTEND_SOURCE = (f"{PRIORS['frontend_request_s'] * 1e3:g} ms of request_s spent one request at a time on "
                    "vLLM's API server (its one event loop; measured 1.8-2.2 ms with vLLM's own server on a "
                    "2-core machine, benchmarks/server-vs-vllm/README.md)")
+MOE_SOURCE = ("moe_layer_s and moe_expert_s: fitted on the public fused-MoE kernel timings of "
+              "benchmarks/capacity-calibration/moe-kernels.json (a decode step's regime), the other "
+              "efficiencies at their priors")
 # A serving stack's output cap (points.json's ``output_caps``), fitted beside the efficiencies on
 # its own points: tok/s, bounds, prior and a spread wide enough to leave it to its points.
 CAP = (100.0, 1e5, 3000.0, 3.0)
@@ -65,7 +69,39 @@ def caps_in(points) -> list[str]:
     return sorted({p["output_cap"] for p in points if p.get("output_cap")})
 
 
-def efficiencies(values: dict[str, float], source: str = "fit") -> dict[str, Efficiency]:
+# The fused-MoE kernels' floor a MoE layer and cost an expert touched, per family: fitted on the
+# public kernel timings in moe-kernels.json (cost.hardware.calibration.moe_kernel_rows says which
+# points: a decode step's regime), with the other efficiencies at their priors. Grids in seconds.
+MOE_KERNELS = HERE / "moe-kernels.json"
+MOE_LAYER_GRID = [i * 1e-6 for i in range(0, 81)]
+MOE_EXPERT_GRID = [i * 0.02e-6 for i in range(0, 101)]
+
+
+@functools.lru_cache(maxsize=None)
+def moe_kernel_terms() -> dict[str, float]:
+    """``{family}.moe_layer_s`` and ``{family}.moe_expert_s`` for each family with kernel points:
+    the pair on the grids with the least summed squared log error over its fitted points."""
+    doc = json.loads(MOE_KERNELS.read_text())
+    base = efficiencies(prior_values(), moe={})
+    out: dict[str, float] = {}
+    for family in FAMILIES:
+        rows = [r for r in moe_kernel_rows(doc, efficiency_for=base.__getitem__)
+                if r["fitted"] and r["family"] == family]
+        if not rows:
+            continue
+        # Both terms are 0 in ``base``: each row's prediction is its roofline part.
+        best = min((sum((math.log(r["predicted_us"] + 1e6 * (layer + expert * r["touched"]))
+                         - math.log(r["measured_us"])) ** 2 for r in rows), layer, expert)
+                   for layer in MOE_LAYER_GRID for expert in MOE_EXPERT_GRID)
+        out[f"{family}.moe_layer_s"], out[f"{family}.moe_expert_s"] = best[1], best[2]
+    return out
+
+
+def efficiencies(values: dict[str, float], source: str = "fit", moe: dict[str, float] | None = None
+                 ) -> dict[str, Efficiency]:
+    """The Efficiency of every family from fitted ``values``; the MoE kernel terms from ``moe``
+    (default: ``moe_kernel_terms()``, 0 for a family without kernel points)."""
+    moe = moe_kernel_terms() if moe is None else moe
     out = {}
     for family in FAMILIES + ("blackwell",):
         base = "hopper" if family == "blackwell" else family
@@ -78,7 +114,8 @@ def efficiencies(values: dict[str, float], source: str = "fit") -> dict[str, Eff
                                  allreduce_s={"nvlink": PRIORS["allreduce_nvlink_s"],
                                               "pcie": values["allreduce_pcie_s"]},
                                  link=PRIORS["link"], frontend_request_s=PRIORS["frontend_request_s"],
-                                 source=source)
+                                 moe_layer_s=moe.get(f"{base}.moe_layer_s", 0.0),
+                                 moe_expert_s=moe.get(f"{base}.moe_expert_s", 0.0), source=source)
     return out
 
 
@@ -157,8 +194,11 @@ def write_table(values: dict[str, float], points, engine_at_priors: bool = False
                    "on the public vLLM measurements in benchmarks/capacity-calibration/points.json (FACTS §13); "
                    "none of the held-out sets.",
            "families": {f: {"bandwidth": round(values[f"{f}.bandwidth"], 4), "gemm": round(values[f"{f}.gemm"], 4),
+                            **{k.split(".")[1]: float(f"{v:.3g}") for k, v in moe_kernel_terms().items()
+                               if k.startswith(f + ".")},
                             "source": (AT_PRIORS if engine_at_priors else f"fitted on the {f} points of points.json: ")
-                                      + ", ".join(p["id"] for p in points if _family(p) == f)}
+                                      + ", ".join(p["id"] for p in points if _family(p) == f)
+                                      + (f"; {MOE_SOURCE}" if f + ".moe_layer_s" in moe_kernel_terms() else "")}
                         for f in FAMILIES},
            "shared": {"attention_of_gemm": PRIORS["attention_of_gemm"],
                       "weight_only_gemm": round(values["weight_only_gemm"], 4),

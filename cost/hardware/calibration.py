@@ -161,3 +161,37 @@ def errors(points: list[dict[str, Any]], sharegpt_means: dict[str, float], effic
                          "measured": measured, "predicted": predicted[metric],
                          "error": predicted[metric] / measured - 1})
     return rows
+
+
+# --- the fused-MoE kernels (benchmarks/capacity-calibration/moe-kernels.json) ---------------------
+
+# The largest step a decode runs at, for the kernel points the per-expert terms are fitted on.
+MOE_KERNEL_MAX_TOKENS = 128
+
+
+def moe_kernel_rows(doc: dict[str, Any], efficiency_for=None) -> list[dict]:
+    """Every public fused-MoE kernel timing against ``roofline.routed_experts_layer_s`` (µs),
+    with ``fitted``: whether it is in the regime a decode step runs in (at most
+    ``MOE_KERNEL_MAX_TOKENS`` tokens, and more expert bytes touched than the GPU's L2 cache holds,
+    since the benchmark replays the same weights). ``efficiency_for(family)`` overrides the
+    shipped efficiencies (the fit uses it)."""
+    from cost.hardware import gpus
+    from cost.hardware.catalog import bytes_per_weight
+    from cost.hardware.roofline import efficiency, routed_experts_layer_s
+
+    rows = []
+    for point in doc["points"]:
+        gpu = gpus.gpu(point["gpu"])
+        eff = efficiency_for(gpu.family) if efficiency_for else efficiency(gpu.family)
+        e, k = point["experts"], point["experts_per_token"]
+        expert_bytes = 3 * point["hidden"] * point["intermediate"] * bytes_per_weight(point["dtype"])
+        for tokens, measured in sorted(((int(t), us) for t, us in point["kernel_us"].items())):
+            predicted = 1e6 * routed_experts_layer_s(gpu, point["dtype"], eff, e, k, point["hidden"],
+                                                     point["intermediate"], tokens)
+            touched = e * (1 - (1 - k / e) ** tokens)
+            rows.append({"id": point["id"], "gpu": gpu.name, "family": gpu.family, "tokens": tokens,
+                         "touched": touched, "measured_us": measured, "predicted_us": predicted,
+                         "error": predicted / measured - 1,
+                         "fitted": (tokens <= MOE_KERNEL_MAX_TOKENS
+                                    and touched * expert_bytes / 1e6 > doc["l2_mb"][gpu.name])})
+    return rows

@@ -55,6 +55,14 @@ def _bytes_per_weight(fmt: str, group: int = 0) -> float:
     return bits / 8 + (scale_bytes / group if group else 0.0)
 
 
+def bytes_per_weight(dtype: str) -> float:
+    """Bytes a weight of this dtype (a ``part_bytes`` name) takes at its format's default group."""
+    key = str(dtype).lower()
+    if key not in _DTYPES:
+        raise BadInput(f"weight dtype {dtype!r} is not one of {', '.join(sorted(_DTYPES))}")
+    return _bytes_per_weight(_DTYPES[key])
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """One architecture's facts, as its config.json states them. Parameter counts leave out

@@ -60,6 +60,11 @@ class Efficiency:
     link: float               # of the link's bandwidth, all-reduce payloads
     source: str
     frontend_request_s: float = 0.0   # of request_s, spent one request at a time on the API server's event loop
+    # The fused-MoE kernels' time beyond their routed experts' bytes and FLOPs, fitted per family on
+    # public kernel timings (benchmarks/capacity-calibration/moe-kernels.json): a floor per MoE
+    # layer a step, and a cost per expert the step's tokens touch (a tile pipeline to fill).
+    moe_layer_s: float = 0.0
+    moe_expert_s: float = 0.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -97,6 +102,8 @@ def efficiency(family: str) -> Efficiency:
                       step_s=shared["step_s"], seq_s=shared["seq_s"], request_s=shared["request_s"],
                       allreduce_s=dict(shared["allreduce_s"]), link=shared["link"],
                       frontend_request_s=shared.get("frontend_request_s", 0.0),
+                      moe_layer_s=entry.get("moe_layer_s", shared.get("moe_layer_s", 0.0)),
+                      moe_expert_s=entry.get("moe_expert_s", shared.get("moe_expert_s", 0.0)),
                       source=(note + "; " if note else "") + f"{doc['file']}: {entry.get('source', '')}")
 
 
@@ -142,7 +149,8 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
     prefill_attention = (model.attention_flops_per_token_per_context(int(context), prefill=True) * context
                          / tp / attention_rate)
     capacity = CapacityModel(
-        step_base_s=model.layers * eff.layer_s + eff.step_s + allreduce_latency,
+        step_base_s=(model.layers * eff.layer_s + model.moe_layers * eff.moe_layer_s + eff.step_s
+                     + allreduce_latency),
         step_per_seq_s=eff.seq_s + 2 * lm_head_params / tp / gemm_rate + allreduce_payload,
         step_per_kv_token_s=plan.kv_bytes_per_token / (bandwidth * eff.kv_bandwidth),
         prefill_per_token_s=prefill_attention + allreduce_payload,
@@ -152,6 +160,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         gemm_per_token_s=matmul_s / tp,
         weights_read_s=read_dense / tp / bandwidth,
         experts_read_s=parts.get("experts", 0) / tp / bandwidth,
+        experts_touch_s=model.moe_layers * model.experts * eff.moe_expert_s,
         experts=model.experts, experts_per_token=model.experts_per_token,
         source=source)
     assumptions = [
@@ -188,4 +197,32 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
                             "source": "expected distinct experts under uniform top-k routing; the read rate "
                                       "checked on public small-batch MoE decode (benchmarks/capacity-calibration/"
                                       "points.json checks)"})
+        assumptions.append({"what": "MoE: the fused-MoE kernels' time beyond bytes and FLOPs",
+                            "value": f"{eff.moe_layer_s * 1e6:.1f} µs a MoE layer a step + "
+                                     f"{eff.moe_expert_s * 1e6:.2f} µs an expert touched "
+                                     f"({model.moe_layers} MoE layers of {model.experts} experts)",
+                            "source": eff.source})
     return capacity, assumptions
+
+
+def routed_experts_layer_s(gpu, dtype: str, eff: Efficiency, experts: int, experts_per_token: int, hidden: int,
+                           intermediate: int, tokens: int, bandwidth_gb_s: float | None = None,
+                           mlp_matrices: int = 3) -> float:
+    """One MoE layer's routed experts on one GPU in a step of ``tokens`` tokens, with the terms
+    ``step_model`` gives every MoE layer (which it sums with the dense layers' before the
+    roofline's max): the longer of reading the experts the tokens touch and their grouped
+    matmuls, plus the kernels' floor and per-expert cost. ``intermediate`` is
+    the GPU's share of an expert's width (vLLM's fused-MoE ``N``); ``bandwidth_gb_s`` replaces the
+    GPU's where a measurement ran on another variant of it. What the public fused-MoE kernel
+    timings are compared with (benchmarks/capacity-calibration/moe-kernels.json)."""
+    from cost.hardware.catalog import bytes_per_weight
+
+    compute_dtype, weight_only = matmul_dtype(gpu, dtype)
+    rate = (gpu.peak_flops(compute_dtype) * eff.gemm * (eff.weight_only_gemm if weight_only else 1.0)
+            * eff.moe_gemm)
+    bandwidth = (bandwidth_gb_s or gpu.bandwidth_gb_s) * 1e9 * eff.bandwidth
+    params = mlp_matrices * hidden * intermediate
+    touched = experts * (1.0 - (1.0 - experts_per_token / experts) ** tokens)
+    read = touched * params * bytes_per_weight(dtype) / bandwidth
+    matmuls = 2 * tokens * experts_per_token * params / rate
+    return max(read, matmuls) + eff.moe_layer_s + touched * eff.moe_expert_s

@@ -70,7 +70,7 @@ COEFFICIENTS = ("step_base_s", "step_per_seq_s", "step_per_kv_token_s", "prefill
                 "request_overhead_s")
 LIMITS = ("max_num_seqs", "max_num_batched_tokens", "kv_cache_tokens", "max_model_len")
 # The matmul roofline's times (``CapacityModel.gemm_s``): optional, 0 in a bench fit.
-ROOFLINE = ("gemm_per_token_s", "weights_read_s", "experts_read_s")
+ROOFLINE = ("gemm_per_token_s", "weights_read_s", "experts_read_s", "experts_touch_s")
 # How closely a fit must reproduce its own points (relative): what --profile capacity checks.
 TOLERANCE = {"decode": 0.10, "prefill": 0.15}
 # A chat-like request, the mix a throughput figure (from_throughput) is pinned to.
@@ -113,6 +113,8 @@ class CapacityModel:
     gemm_per_token_s: float = 0.0  # matmul compute per token in the step (2 FLOPs a weight / achieved FLOP/s)
     weights_read_s: float = 0.0    # reading the weights every token uses (dense layers, shared experts)
     experts_read_s: float = 0.0    # reading every routed expert once (MoE); a step reads those its tokens touch
+    experts_touch_s: float = 0.0   # the fused-MoE kernels' cost of touching every routed expert once, beyond
+                                   # their reads (a tile pipeline to fill per expert); paid for those touched
     experts: int = 0               # routed experts per MoE layer (0: dense)
     experts_per_token: int = 0     # experts each token is routed to
     # The share of request_overhead_s the front end spends on each request one at a time (vLLM's
@@ -139,8 +141,9 @@ class CapacityModel:
         if not (_is_number(self.frontend_request_s) and 0 <= self.frontend_request_s <= self.request_overhead_s):
             raise BadInput(f"capacity model: frontend_request_s = {self.frontend_request_s!r} must be a number "
                            f"from 0 to request_overhead_s ({self.request_overhead_s!r}): it is a share of it")
-        if self.experts_read_s and not (0 < self.experts_per_token <= self.experts):
-            raise BadInput(f"capacity model: experts_read_s is set, so experts ({self.experts!r}) and "
+        if (self.experts_read_s or self.experts_touch_s) and not (0 < self.experts_per_token <= self.experts):
+            raise BadInput("capacity model: experts_read_s or experts_touch_s is set, so experts "
+                           f"({self.experts!r}) and "
                            f"experts_per_token ({self.experts_per_token!r}) must satisfy 0 < top-k <= experts")
         if self.step_s(1, 1, 0) <= 0:
             raise BadInput("capacity model: every coefficient is 0, so a step would take no time")
@@ -158,13 +161,14 @@ class CapacityModel:
         routed experts, the share its tokens touch: with top-k of E experts per token, a step of
         t tokens touches 1 − (1 − k/E)^t of them, in expectation over uniform routing. A prefilling
         sequence counts one token more than its chunk (``seqs + prefill_tokens``): a rounding
-        the step's hundreds of tokens hide."""
-        if not (self.gemm_per_token_s or self.weights_read_s or self.experts_read_s):
+        the step's hundreds of tokens hide. Each expert touched also costs ``experts_touch_s``
+        / experts beside the roofline: the fused-MoE kernels' time per expert that neither its
+        bytes nor its FLOPs account for (public kernel timings: benchmarks/capacity-calibration)."""
+        if not (self.gemm_per_token_s or self.weights_read_s or self.experts_read_s or self.experts_touch_s):
             return 0.0
-        read = self.weights_read_s
-        if self.experts_read_s:
-            read += self.experts_read_s * (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens)
-        return max(read, self.gemm_per_token_s * tokens)
+        touched = (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens) if self.experts else 0.0
+        read = self.weights_read_s + self.experts_read_s * touched
+        return max(read, self.gemm_per_token_s * tokens) + self.experts_touch_s * touched
 
     def coefficients(self) -> tuple[float, ...]:
         return tuple(getattr(self, name) for name in COEFFICIENTS)
@@ -222,7 +226,9 @@ class CapacityModel:
                 + (f", max_model_len {self.max_model_len:,}" if self.max_model_len else "")
                 + (f"; matmuls max({self.weights_read_s * 1e3:.3g} ms read"
                    + (f" + {self.experts_read_s * 1e3:.3g} ms × experts touched" if self.experts_read_s else "")
-                   + f", {self.gemm_per_token_s * 1e6:.3g} µs/token)" if self.gemm_s(1) else ""))
+                   + f", {self.gemm_per_token_s * 1e6:.3g} µs/token)"
+                   + (f" + {self.experts_touch_s * 1e3:.3g} ms × experts touched" if self.experts_touch_s else "")
+                   if self.gemm_s(1) else ""))
 
     # --- JSON --------------------------------------------------------------------------------
 
