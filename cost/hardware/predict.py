@@ -204,9 +204,9 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     With ``closed_concurrency`` C, request i + C is sent when the client has request i's last
     token (closed loop), else at its ``arrival``. The request overhead (HTTP, tokenising) is
     added to both times, as the fleet adds it, so a closed loop sends its next request that
-    much after the engine's last step; its ``frontend_request_s`` share is spent before the
-    engine sees the request, one request at a time (the API server's event loop), so requests
-    sent together (a burst, a closed loop's wave) reach the engine spread out."""
+    much after the engine's last step; its ``frontend_request_s`` share the replica spends
+    before its engine sees the request, one request at a time (the API server's event loop), so
+    requests sent together (a burst, a closed loop's wave) reach the engine spread out."""
     import heapq
 
     from cost.simulate.replica import BatchingReplica
@@ -214,8 +214,7 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     n = len(inputs)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
-    serial = capacity.frontend_request_s
-    overhead = capacity.request_overhead_s - serial
+    overhead = capacity.request_overhead_s - capacity.frontend_request_s
     done: list[int] = []
 
     def on_finish(request: int, first_s: float, last_s: float) -> None:
@@ -223,24 +222,15 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         done.append(request)
 
     replica = BatchingReplica(capacity, inputs.tolist(), outputs.tolist(), on_finish)
-    free = [0.0]
-
-    def admitted(sent: float) -> float:
-        """When the engine has a request sent at ``sent``: after the front end's turn on it."""
-        free[0] = max(sent, free[0]) + serial
-        return free[0]
-
     if closed_concurrency is None:
         for i in np.argsort(arrival, kind="stable"):
-            at = admitted(float(arrival[i]))
+            at = float(arrival[i])
             replica.advance_to(at)
             replica.arrive(int(i), at)
         replica.advance_to(math.inf)
         return arrival, first, last
     arrival = np.zeros(n)
-    pending = []
-    for i in range(min(closed_concurrency, n)):
-        pending.append((admitted(0.0), i))
+    pending = [(0.0, i) for i in range(min(closed_concurrency, n))]     # (sent, request): a heap
     sent = len(pending)
     while len(done) < n:
         t = min(replica.next_boundary_s(), pending[0][0] if pending else math.inf)
@@ -254,7 +244,7 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         for request in sorted(done[seen:], key=lambda r: last[r]):
             if sent < n:
                 arrival[sent] = float(last[request])
-                heapq.heappush(pending, (admitted(float(last[request])), sent))
+                heapq.heappush(pending, (float(last[request]), sent))
                 sent += 1
     return arrival, first, last
 

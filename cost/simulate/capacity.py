@@ -119,8 +119,8 @@ class CapacityModel:
     experts_per_token: int = 0     # experts each token is routed to
     # The share of request_overhead_s the front end spends on each request one at a time (vLLM's
     # API server runs one event loop), so requests sent together reach the engine spread out.
-    # Set by a model built from specs and applied by its workload drivers (cost.hardware.predict);
-    # 0 in a bench fit, and the fleet's replays take all of request_overhead_s as a delay.
+    # Set by a model built from specs; the replica (cost.simulate.replica) spends it before its
+    # engine sees a request. 0 in a bench fit.
     frontend_request_s: float = 0.0
 
     def __post_init__(self) -> None:

@@ -17,6 +17,9 @@ cache, which grows by one token per sequence per step, so k steps take ``k·T₀
 the replica jumps from change to change in closed form, and its cost grows with requests, not
 with tokens. Steps that carry prompt chunks are taken one at a time.
 
+A capacity model with ``frontend_request_s`` (one built from specs) has a front end: each request
+spends that long on the API server's one event loop, in turn, before the engine sees it.
+
 A request whose client gave up (``Cancellation``: the rung's front-door timeouts) is dropped at
 a step boundary, as vLLM aborts a request between steps: its queue place, batch slot, KV cache
 and reserve are freed. Each deadline is one more change the replica stops at (the first step
@@ -60,7 +63,8 @@ class BatchingReplica:
     __slots__ = ("clock", "step", "decoding", "kv", "reserved", "queue", "prefilling", "plan", "plan_s",
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
-                 "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled")
+                 "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled",
+                 "frontend_s", "frontend_free", "admitting")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
                  cancel: Cancellation | None = None) -> None:
@@ -92,6 +96,11 @@ class BatchingReplica:
         self.deadlines: list[tuple[float, int, int]] = []    # (time, request, TTFT_/E2E_DEADLINE)
         self.waiting_first: set[int] = set()     # queued or prefilling (kept only with ``cancel``)
         self.cancelled: set[int] = set()         # dropped while decoding: their finish_heap entries are void
+        # The front end (vLLM's API server, one event loop) takes each request in turn for
+        # ``frontend_request_s`` before the engine sees it; 0 in a bench fit.
+        self.frontend_s = getattr(capacity, "frontend_request_s", 0.0)
+        self.frontend_free = now                 # when the front end is next free
+        self.admitting: deque[tuple[float, int]] = deque()   # (when the engine gets it, request)
 
     # --- what the fleet asks -------------------------------------------------------------------
 
@@ -101,8 +110,9 @@ class BatchingReplica:
 
     @property
     def outstanding(self) -> int:
-        """Requests queued or running: what a least-outstanding router and concurrency metrics see."""
-        return self.decoding + len(self.prefilling) + len(self.queue)
+        """Requests at the front end, queued or running: what a least-outstanding router and
+        concurrency metrics see."""
+        return self.decoding + len(self.prefilling) + len(self.queue) + len(self.admitting)
 
     @property
     def waiting(self) -> int:
@@ -110,7 +120,17 @@ class BatchingReplica:
         return len(self.queue)
 
     def arrive(self, request: int, now: float) -> None:
-        """A request reaches this replica at ``now`` (the caller has advanced it to ``now``)."""
+        """A request reaches this replica at ``now`` (the caller has advanced it to ``now``). With
+        ``frontend_request_s`` its engine gets it once the front end has spent that long on it,
+        after the requests before it, so requests sent together reach the engine spread out."""
+        if self.frontend_s:
+            self.frontend_free = max(now, self.frontend_free) + self.frontend_s
+            self.admitting.append((self.frontend_free, request))
+            return
+        self._enter(request, now)
+
+    def _enter(self, request: int, now: float) -> None:
+        """The engine gets a request at ``now`` (it has run to ``now``)."""
         self.queue.append(request)
         if self.cancel is not None:
             self.waiting_first.add(request)
@@ -131,8 +151,17 @@ class BatchingReplica:
             self._schedule()
 
     def advance_to(self, t: float) -> None:
-        """Run the engine up to time ``t``: every step that ends by then, with its completions and
-        admissions. Afterwards ``clock`` is the last step boundary at or before ``t``."""
+        """Run the replica up to time ``t``: every request the front end hands on by then, and
+        every step that ends by then, with its completions and admissions. Afterwards ``clock``
+        is the last step boundary at or before ``t``."""
+        while self.admitting and self.admitting[0][0] <= t:
+            at, request = self.admitting.popleft()
+            self._run_until(at)
+            self._enter(request, at)
+        self._run_until(t)
+
+    def _run_until(self, t: float) -> None:
+        """The engine's steps that end by ``t``."""
         while self.decoding or self.prefilling:
             k = self._steps_to_change()
             span = self._steps_s(k)
@@ -154,11 +183,13 @@ class BatchingReplica:
             self._schedule()
 
     def next_boundary_s(self) -> float:
-        """When the running set next changes (a prompt finishes, a request completes or may be
-        admitted): the time a closed-loop client next sees an answer. Infinite when idle."""
+        """When the replica next changes: the front end hands a request on, or the running set
+        changes (a prompt finishes, a request completes or may be admitted: the time a
+        closed-loop client next sees an answer). Infinite when idle."""
+        handed = self.admitting[0][0] if self.admitting else math.inf
         if not (self.decoding or self.prefilling):
-            return math.inf
-        return self.clock + self._steps_s(self._steps_to_change())
+            return handed
+        return min(handed, self.clock + self._steps_s(self._steps_to_change()))
 
     # --- the engine ----------------------------------------------------------------------------
 

@@ -118,6 +118,29 @@ def test_closed_form_jumps_match_a_step_by_step_engine():
     assert run.finish_s == pytest.approx(ref_last, rel=1e-9, abs=1e-9)
 
 
+def test_the_front_end_hands_requests_to_the_engine_in_turn_as_a_serial_queue_would():
+    """A replica with ``frontend_request_s`` (a model built from specs) is a step-by-step engine
+    whose arrivals first pass one at a time through a queue of that service time; the rest of
+    the request overhead is added to both times. Bursts queue there: 6 requests at one instant
+    reach the engine 2 ms apart, and the replica's jumps agree with the reference to 1e-9."""
+    cap = capacity(step_per_seq_s=0.0003, step_per_kv_token_s=2e-6, prefill_per_token_s=2e-4, max_num_seqs=6,
+                   max_num_batched_tokens=300, request_overhead_s=0.005, frontend_request_s=0.002)
+    rng = random.Random(5)
+    arrivals = sorted([3.0] * 6 + [rng.uniform(0, 20) for _ in range(100)])
+    inputs = [rng.randint(1, 700) for _ in arrivals]
+    outputs = [rng.randint(1, 60) for _ in arrivals]
+    handed, free = [], 0.0
+    for a in arrivals:
+        free = max(a, free) + 0.002
+        handed.append(free)
+    burst = [h for a, h in zip(arrivals, handed) if a == 3.0]
+    assert burst == pytest.approx([3.002 + 0.002 * k for k in range(6)])
+    ref_first, ref_last, _ = step_by_step(cap, handed, inputs, outputs)
+    run, _, _ = serve(cap, arrivals, inputs, outputs)
+    assert run.first_token_s == pytest.approx(np.asarray(ref_first) + 0.003, rel=1e-9, abs=1e-9)
+    assert run.finish_s == pytest.approx(np.asarray(ref_last) + 0.003, rel=1e-9, abs=1e-9)
+
+
 def test_a_prompt_longer_than_the_token_budget_is_prefilled_in_chunks():
     cap = capacity(max_num_batched_tokens=100)
     _, ttft, e2e = serve(cap, [0.0], [250], [3])
