@@ -201,7 +201,9 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
                             "value": f"{eff.moe_layer_s * 1e6:.1f} µs a MoE layer a step + "
                                      f"{eff.moe_expert_s * 1e6:.2f} µs an expert touched "
                                      f"({model.moe_layers} MoE layers of {model.experts} experts)",
-                            "source": eff.source})
+                            "source": f"{efficiency_table()['file']}: fitted per GPU family on public fused-MoE "
+                                      "kernel timings (vLLM and SGLang pull requests: benchmarks/capacity-calibration/"
+                                      "moe-kernels.json); a family without them borrows the one its entry names"})
     return capacity, assumptions
 
 
