@@ -213,10 +213,10 @@ def routed_experts_layer_s(gpu, dtype: str, eff: Efficiency, experts: int, exper
     """One MoE layer's routed experts on one GPU in a step of ``tokens`` tokens, with the terms
     ``step_model`` gives every MoE layer (which it sums with the dense layers' before the
     roofline's max): the longer of reading the experts the tokens touch and their grouped
-    matmuls, plus the kernels' floor and per-expert cost. ``intermediate`` is
-    the GPU's share of an expert's width (vLLM's fused-MoE ``N``); ``bandwidth_gb_s`` replaces the
-    GPU's where a measurement ran on another variant of it. What the public fused-MoE kernel
-    timings are compared with (benchmarks/capacity-calibration/moe-kernels.json)."""
+    matmuls, plus the kernels' floor and per-expert cost. ``intermediate`` is the GPU's share of
+    an expert's width (vLLM's fused-MoE ``N``); ``bandwidth_gb_s`` replaces the GPU's where a
+    measurement ran on another variant of it. What the public fused-MoE kernel timings are
+    compared with (benchmarks/capacity-calibration/moe-kernels.json)."""
     from cost.hardware.catalog import bytes_per_weight
 
     compute_dtype, weight_only = matmul_dtype(gpu, dtype)
