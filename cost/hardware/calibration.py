@@ -178,6 +178,7 @@ def moe_kernel_rows(doc: dict[str, Any], efficiency_for=None) -> list[dict]:
     from cost.hardware import gpus
     from cost.hardware.catalog import bytes_per_weight
     from cost.hardware.roofline import efficiency, routed_experts_layer_s
+    from cost.simulate.capacity import experts_touched
 
     rows = []
     for point in doc["points"]:
@@ -188,7 +189,7 @@ def moe_kernel_rows(doc: dict[str, Any], efficiency_for=None) -> list[dict]:
         for tokens, measured in sorted(((int(t), us) for t, us in point["kernel_us"].items())):
             predicted = 1e6 * routed_experts_layer_s(gpu, point["dtype"], eff, e, k, point["hidden"],
                                                      point["intermediate"], tokens)
-            touched = e * (1 - (1 - k / e) ** tokens)
+            touched = e * experts_touched(e, k, tokens)
             rows.append({"id": point["id"], "gpu": gpu.name, "family": gpu.family, "tokens": tokens,
                          "touched": touched, "measured_us": measured, "predicted_us": predicted,
                          "error": predicted / measured - 1,

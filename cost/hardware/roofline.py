@@ -117,14 +117,20 @@ def matmul_dtype(gpu, dtype: str) -> tuple[str, bool]:
     return "bf16", True
 
 
+def achieved_rates(gpu, dtype: str, eff: Efficiency) -> tuple[float, float]:
+    """(FLOP/s the weight matmuls reach, bytes/s weights stream at) on this GPU with ``dtype`` weights."""
+    compute_dtype, weight_only = matmul_dtype(gpu, dtype)
+    gemm_rate = gpu.peak_flops(compute_dtype) * eff.gemm * (eff.weight_only_gemm if weight_only else 1.0)
+    return gemm_rate, gpu.bandwidth_gb_s * 1e9 * eff.bandwidth
+
+
 def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str, link_gb_s: float,
                mean_prompt_tokens: float, source: str) -> tuple[CapacityModel, list[dict]]:
     """The ``CapacityModel`` of one replica (``tp`` GPUs) and the assumptions it rests on."""
     compute_dtype, weight_only = matmul_dtype(gpu, dtype)
     peak = gpu.peak_flops(compute_dtype)
-    gemm_rate = peak * eff.gemm * (eff.weight_only_gemm if weight_only else 1.0)
+    gemm_rate, bandwidth = achieved_rates(gpu, dtype, eff)
     attention_rate = gpu.peak_flops("bf16") * eff.attention
-    bandwidth = gpu.bandwidth_gb_s * 1e9 * eff.bandwidth
     parts = model.part_bytes(dtype)
     lm_head_params = model.vocab * model.hidden
     # Read every step: all but the embedding lookup (t rows) and the routed experts; a tied
@@ -208,23 +214,19 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
 
 
 def routed_experts_layer_s(gpu, dtype: str, eff: Efficiency, experts: int, experts_per_token: int, hidden: int,
-                           intermediate: int, tokens: int, bandwidth_gb_s: float | None = None,
-                           mlp_matrices: int = 3) -> float:
+                           intermediate: int, tokens: int, mlp_matrices: int = 3) -> float:
     """One MoE layer's routed experts on one GPU in a step of ``tokens`` tokens, with the terms
     ``step_model`` gives every MoE layer (which it sums with the dense layers' before the
     roofline's max): the longer of reading the experts the tokens touch and their grouped
     matmuls, plus the kernels' floor and per-expert cost. ``intermediate`` is the GPU's share of
-    an expert's width (vLLM's fused-MoE ``N``); ``bandwidth_gb_s`` replaces the GPU's where a
-    measurement ran on another variant of it. What the public fused-MoE kernel timings are
+    an expert's width (vLLM's fused-MoE ``N``). What the public fused-MoE kernel timings are
     compared with (benchmarks/capacity-calibration/moe-kernels.json)."""
     from cost.hardware.catalog import bytes_per_weight
+    from cost.simulate.capacity import experts_touched
 
-    compute_dtype, weight_only = matmul_dtype(gpu, dtype)
-    rate = (gpu.peak_flops(compute_dtype) * eff.gemm * (eff.weight_only_gemm if weight_only else 1.0)
-            * eff.moe_gemm)
-    bandwidth = (bandwidth_gb_s or gpu.bandwidth_gb_s) * 1e9 * eff.bandwidth
+    gemm_rate, bandwidth = achieved_rates(gpu, dtype, eff)
     params = mlp_matrices * hidden * intermediate
-    touched = experts * (1.0 - (1.0 - experts_per_token / experts) ** tokens)
+    touched = experts * experts_touched(experts, experts_per_token, tokens)
     read = touched * params * bytes_per_weight(dtype) / bandwidth
-    matmuls = 2 * tokens * experts_per_token * params / rate
+    matmuls = 2 * tokens * experts_per_token * params / (gemm_rate * eff.moe_gemm)
     return max(read, matmuls) + eff.moe_layer_s + touched * eff.moe_expert_s

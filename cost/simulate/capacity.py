@@ -166,7 +166,7 @@ class CapacityModel:
         bytes nor its FLOPs account for (public kernel timings: benchmarks/capacity-calibration)."""
         if not (self.gemm_per_token_s or self.weights_read_s or self.experts_read_s or self.experts_touch_s):
             return 0.0
-        touched = (1.0 - (1.0 - self.experts_per_token / self.experts) ** tokens) if self.experts else 0.0
+        touched = experts_touched(self.experts, self.experts_per_token, tokens) if self.experts else 0.0
         read = self.weights_read_s + self.experts_read_s * touched
         return max(read, self.gemm_per_token_s * tokens) + self.experts_touch_s * touched
 
@@ -297,6 +297,12 @@ class CapacityModel:
 
 
 # --- reading a file --------------------------------------------------------------------------
+
+def experts_touched(experts: int, experts_per_token: int, tokens: float) -> float:
+    """The share of a MoE layer's routed experts a step of ``tokens`` tokens touches, each token
+    picking ``experts_per_token`` of ``experts``: 1 − (1 − k/E)^t, in expectation over uniform routing."""
+    return 1.0 - (1.0 - experts_per_token / experts) ** tokens
+
 
 def load_capacity(path: str | Path) -> CapacityModel:
     """A capacity model from a bench JSON file (``python -m options.bench --profile capacity
