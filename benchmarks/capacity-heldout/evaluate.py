@@ -141,6 +141,20 @@ AIC_MEASURED = {("ttft", "mean"): "silicon_ttft_ms", ("tpot", "mean"): "silicon_
 AIC_ROUNDS = 20
 
 
+def aic_engine_flags(concurrency: int, isl: int, osl: int) -> dict[str, int]:
+    """The vLLM flags AIConfigurator's generator gives the deployment it benchmarks at C.
+
+    Its benchmark rules (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule at
+    095f58a51, unchanged since 2026-01-08, before the samples were measured) size one aggregated
+    worker for the client: max_batch_size = C, max_num_tokens = C + ISL + 1500, max_seq_len =
+    ISL + OSL + 1500; generator/config/backend_config_mapping.yaml maps them to --max-num-seqs,
+    --max-num-batched-tokens and --max-model-len, which the vLLM run script passes (since
+    2cecd6596). vLLM's own defaults (8,192 tokens a step on an H100/H200) would let a wave of C
+    prompts through in far fewer, longer steps than the measured engines ran."""
+    return {"max_num_seqs": concurrency, "max_num_batched_tokens": concurrency + isl + 1500,
+            "max_model_len": isl + osl + 1500}
+
+
 def _int(value: str | None) -> int | None:
     try:
         return int(float(value)) if value not in (None, "") else None
@@ -238,7 +252,8 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
         kept.append({
             "set": "aiconfigurator", "id": rid, "model": model, "catalog_model": lookup, "family": fam[0],
             "moe": fam[1], "gpu": gpu,
-            "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype, "kv_dtype": "auto", "engine": {}, "vllm_version": _aic_version(row),
+            "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype, "kv_dtype": "auto",
+            "engine": aic_engine_flags(conc, isl, osl), "vllm_version": _aic_version(row),
             "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl,
                      "requests": AIC_ROUNDS * conc},
             "measured": measured, "comparators": {}, "source": source,

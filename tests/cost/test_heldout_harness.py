@@ -44,6 +44,8 @@ def test_aiconfigurator_rows_in_scope_become_closed_loop_workloads():
     assert w["load"] == {"kind": "closed", "concurrency": 8, "input_tokens": 1000, "output_tokens": 100,
                          "requests": 160}, "20 rounds of C, as AIConfigurator's benchmark scripts send"
     assert w["measured"] == {"ttft_mean": 111.0, "tpot_mean": 11.0}
+    assert w["engine"] == {"max_num_seqs": 8, "max_num_batched_tokens": 8 + 1000 + 1500, "max_model_len": 1000 + 100 + 1500}, \
+        "the flags AIConfigurator's generator gives the deployment it benchmarks"
     assert (w["gpu"], w["tp"], w["dtype"], w["family"], w["moe"]) == ("h100", 1, "auto", "llama-3", False)
     assert w["vllm_version"] == "9.9.9", "read from the image tag when backend_version is empty"
 
