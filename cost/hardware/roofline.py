@@ -108,10 +108,17 @@ def efficiency(family: str) -> Efficiency:
 
 
 def matmul_dtype(gpu, dtype: str) -> tuple[str, bool]:
-    """(the dtype the matmuls run in, whether the weights are dequantised in the kernel)."""
+    """(the dtype the matmuls run in, whether the weights are dequantised in the kernel).
+
+    FP8 and NVFP4 ("fp4") weights run native matmuls where the GPU has them (vLLM quantizes the
+    activations too). MXFP4 (gpt-oss's experts) does not, on any GPU: vLLM's MXFP4 MoE backends
+    keep 16-bit activations unless told otherwise (model_executor/layers/quantization/mxfp4.py,
+    ``get_mxfp4_backend``: Marlin or Triton on Hopper, FlashInfer's TRT-LLM BF16×FP4 on B200;
+    FP8 activations only with ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``). INT4 is weight-only
+    (AWQ/GPTQ's W4A16) everywhere."""
     if dtype in SIXTEEN_BIT:
         return dtype, False
-    native = {"fp8": "fp8", "fp4": "fp4", "mxfp4": "fp4", "int4": None}[dtype]
+    native = {"fp8": "fp8", "fp4": "fp4", "mxfp4": None, "int4": None}[dtype]
     if native and gpu.native(native):
         return native, False
     return "bf16", True
@@ -127,6 +134,8 @@ def achieved_rates(gpu, dtype: str, eff: Efficiency) -> tuple[float, float]:
 def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str, link_gb_s: float,
                mean_prompt_tokens: float, source: str) -> tuple[CapacityModel, list[dict]]:
     """The ``CapacityModel`` of one replica (``tp`` GPUs) and the assumptions it rests on."""
+    if dtype == "fp4" and model.quantization == "mxfp4":
+        dtype = "mxfp4"                      # fp4 on an MXFP4 checkpoint is the checkpoint's own
     compute_dtype, weight_only = matmul_dtype(gpu, dtype)
     peak = gpu.peak_flops(compute_dtype)
     gemm_rate, bandwidth = achieved_rates(gpu, dtype, eff)
@@ -171,8 +180,8 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         source=source)
     assumptions = [
         {"what": f"matmuls in {compute_dtype}" + (f" with {dtype} weights dequantised in the kernel "
-                                                  "(vLLM's Marlin kernels; the GPU has no native "
-                                                  f"{dtype} matmul)" if weight_only else ""),
+                                                  f"(vLLM's weight-only path for {dtype} on this GPU)"
+                                                  if weight_only else ""),
          "value": f"{peak / 1e12:,.0f} TFLOP/s dense peak × {eff.gemm:.2f}"
                   + (f" × {eff.weight_only_gemm:.2f} (weight-only)" if weight_only else ""),
          "source": f"{gpu.source}; efficiency: {eff.source}"},

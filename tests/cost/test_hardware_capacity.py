@@ -92,6 +92,22 @@ def test_fp8_on_an_a100_is_modelled_weight_only_and_says_so():
     assert any("dequantised in the kernel" in a["what"] for a in details["assumptions"])
 
 
+def test_mxfp4_experts_keep_16_bit_activations_even_where_the_gpu_has_fp4_matmuls():
+    """vLLM's MXFP4 MoE backends (gpt-oss) take BF16 activations on B200 as on Hopper, where an
+    NVFP4 checkpoint ("fp4" on a 16-bit one) runs the B200's FP4 matmuls."""
+    def matmuls(model, dtype):
+        capacity, details = capacity_for(model, gpu="b200", dtype=dtype)
+        (what,) = [a for a in details["assumptions"] if a["what"].startswith("matmuls in ")]
+        return capacity, what["what"]
+
+    oss, what = matmuls("openai/gpt-oss-120b", "auto")
+    assert what.startswith("matmuls in bf16 with mxfp4 weights dequantised"), what
+    same, _ = matmuls("openai/gpt-oss-120b", "fp4")       # fp4 on an MXFP4 checkpoint is its own
+    assert same.gemm_per_token_s == oss.gemm_per_token_s
+    _, what = matmuls("meta-llama/Llama-3.1-70B-Instruct", "fp4")
+    assert what == "matmuls in fp4", what
+
+
 # --- the roofline's shape ------------------------------------------------------------------------
 
 def test_decode_at_batch_one_is_bounded_below_by_reading_the_weights():
