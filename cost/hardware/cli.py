@@ -106,6 +106,14 @@ def cmd_capacity(args) -> tuple[dict[str, Any], Any]:
                                   "ttft_ms": run["ttft_ms"]["mean"], "tpot_ms": run["tpot_ms"]["mean"],
                                   "e2e_ms": run["e2e_ms"]["mean"], "output_tok_s": run["output_tok_s"],
                                   "percentiles": {k: run[k] for k in ("ttft_ms", "tpot_ms", "e2e_ms")}}
+        data["assumptions"] = data["assumptions"] + [{
+            "what": f"closed loop: {args.concurrency} requests of exactly {args.input_tokens} in / "
+                    f"{args.output_tokens} out always in flight, steady state (the first and last "
+                    f"{args.concurrency} left out)",
+            "value": "requests that finish in one step come back together and are prefilled together; "
+                     "real clients drift apart sooner, so TTFT at a few sequences reads high",
+            "source": "benchmarks/capacity-heldout/README.md: fixed-size closed loops on Hopper, TTFT "
+                      "over-predicted at concurrency 2-8"}]
     return data, render_capacity
 
 

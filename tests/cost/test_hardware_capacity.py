@@ -284,6 +284,8 @@ def test_cli_capacity_json_has_the_promised_fields_and_a_loadable_capacity(tmp_p
     assert all(a["source"] for a in data["assumptions"])
     at = data["at_concurrency"]
     assert at["ttft_ms"] > 0 and at["tpot_ms"] > 0 and at["e2e_ms"] > at["ttft_ms"] and at["output_tok_s"] > 0
+    (loop,) = [a for a in data["assumptions"] if a["what"].startswith("closed loop")]
+    assert "8 requests of exactly 1000 in / 200 out" in loop["what"], loop   # what the figures assume
     path = tmp_path / "cap.json"
     path.write_text(json.dumps(data["capacity"]))
     assert load_capacity(path).kv_cache_tokens == data["kv_cache_tokens"]
