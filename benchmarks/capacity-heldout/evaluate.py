@@ -141,6 +141,17 @@ AIC_MEASURED = {("ttft", "mean"): "silicon_ttft_ms", ("tpot", "mean"): "silicon_
 AIC_ROUNDS = 20
 
 
+def aic_kv_dtype(checkpoint_format: str | None) -> str:
+    """The KV cache AIConfigurator's generator deploys: FP8 for a checkpoint quantized to FP8 or
+    NVFP4, the model's own 16 bits otherwise. Its model reader gives such checkpoints an FP8 KV
+    cache (aic-core sdk/models/helpers.py ``_infer_quant_modes_from_raw_config`` at 095f58a51:
+    fp8, fp8_block and nvfp4 quantization → ``kvcache_quant_mode`` fp8), and the generator passes
+    that mode to vLLM as ``--kv-cache-dtype`` (generator/module_bridge.py,
+    config/backend_config_mapping.yaml). A 16-bit checkpoint served at a quantized
+    ``gemm_quant_mode`` keeps the default."""
+    return "fp8" if checkpoint_format in ("fp8", "fp4") else "auto"
+
+
 def aic_engine_flags(concurrency: int, isl: int, osl: int) -> dict[str, int]:
     """The vLLM flags AIConfigurator's generator gives the deployment it benchmarks at C.
 
@@ -252,7 +263,8 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
         kept.append({
             "set": "aiconfigurator", "id": rid, "model": model, "catalog_model": lookup, "family": fam[0],
             "moe": fam[1], "gpu": gpu,
-            "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype, "kv_dtype": "auto",
+            "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype,
+            "kv_dtype": aic_kv_dtype(suffix_dtype),
             "engine": aic_engine_flags(conc, isl, osl), "vllm_version": _aic_version(row),
             "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl,
                      "requests": AIC_ROUNDS * conc},

@@ -77,6 +77,9 @@ def test_aiconfigurator_weight_formats_and_parallel_layouts():
     kept, skipped = ev.normalise_aiconfigurator(rows)
     assert skipped == []
     assert [w["dtype"] for w in kept] == ["fp8", "fp4", "auto", "fp8", "int4"]
+    # An FP8 KV cache where the checkpoint itself is FP8 (or NVFP4), as AIConfigurator deploys it;
+    # a 16-bit checkpoint served at FP8 or FP4 matmuls keeps the 16-bit cache.
+    assert [w["kv_dtype"] for w in kept] == ["auto", "auto", "auto", "fp8", "auto"]
     assert kept[3]["catalog_model"] == "Qwen3-235B-A22B", "a quantized re-upload is looked up by its base"
     assert ev.catalog_name("nvidia/Llama-3.1-8B-Instruct-FP8") == ("Llama-3.1-8B-Instruct", "fp8")
     assert ev.catalog_name("RedHatAI/Foo-7B-FP8-dynamic") == ("Foo-7B", "fp8")
