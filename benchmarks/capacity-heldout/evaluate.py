@@ -141,6 +141,33 @@ AIC_MEASURED = {("ttft", "mean"): "silicon_ttft_ms", ("tpot", "mean"): "silicon_
 AIC_ROUNDS = 20
 
 
+# The day AIConfigurator's generator began passing its engine flags to vLLM (its run script,
+# commit 2cecd6596), and the PyPI release day of each vLLM version the undated rows name.
+GENERATOR_FLAGS_SINCE = "2026-01-08"
+VLLM_RELEASED = {"0.11.2": "2025-11-20", "0.12.0": "2025-12-03", "0.13.0": "2025-12-19",
+                 "0.14.0": "2026-01-20", "0.15.0": "2026-01-29", "0.15.1": "2026-02-05"}
+
+
+def by_the_generator(row: dict[str, str], version: str | None) -> bool:
+    """Whether a point was measured on a deployment AIConfigurator's generator made with the
+    flags it passes since GENERATOR_FLAGS_SINCE: its measurement date says so, or, undated, a vLLM
+    released after that day (a version newer than the table's last is)."""
+    found = re.search(r"measured=(\d{4}-\d{2}-\d{2})", row.get("silicon_data_source", ""))
+    if found:
+        return found.group(1) >= GENERATOR_FLAGS_SINCE
+    if not version:
+        return False
+    if version in VLLM_RELEASED:
+        return VLLM_RELEASED[version] >= GENERATOR_FLAGS_SINCE
+
+    def release(v: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in v.split("."))
+    try:
+        return release(version) > max(map(release, VLLM_RELEASED))
+    except ValueError:                                   # a pre-release or local build: unknown
+        return False
+
+
 def aic_kv_dtype(checkpoint_format: str | None) -> str:
     """The KV cache AIConfigurator's generator deploys: FP8 for a checkpoint quantized to FP8 or
     NVFP4, the model's own 16 bits otherwise. Its model reader gives such checkpoints an FP8 KV
@@ -156,12 +183,13 @@ def aic_engine_flags(concurrency: int, isl: int, osl: int) -> dict[str, int]:
     """The vLLM flags AIConfigurator's generator gives the deployment it benchmarks at C.
 
     Its benchmark rules (src/aiconfigurator/generator/rule_plugin/benchmark/vllm.rule at
-    095f58a51, unchanged since 2026-01-08, before the samples were measured) size one aggregated
-    worker for the client: max_batch_size = C, max_num_tokens = C + ISL + 1500, max_seq_len =
-    ISL + OSL + 1500; generator/config/backend_config_mapping.yaml maps them to --max-num-seqs,
-    --max-num-batched-tokens and --max-model-len, which the vLLM run script passes (since
-    2cecd6596). vLLM's own defaults (8,192 tokens a step on an H100/H200) would let a wave of C
-    prompts through in far fewer, longer steps than the measured engines ran."""
+    095f58a51, since 2026-01-30; the same token budget in its default rules since 2025-12-04)
+    size one aggregated worker for the client: max_batch_size = C, max_num_tokens = C + ISL +
+    1500, max_seq_len = ISL + OSL + 1500; generator/config/backend_config_mapping.yaml maps them
+    to --max-num-seqs, --max-num-batched-tokens and --max-model-len, which the vLLM run script
+    passes since 2cecd6596 (GENERATOR_FLAGS_SINCE). vLLM's own defaults (8,192 tokens a step on an
+    H100/H200) let a wave of C prompts through in fewer, longer steps. Only for the points
+    ``by_the_generator`` says were measured on such a deployment."""
     return {"max_num_seqs": concurrency, "max_num_batched_tokens": concurrency + isl + 1500,
             "max_model_len": isl + osl + 1500}
 
@@ -260,12 +288,14 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
         if not measured:
             skip("no measured TTFT/TPOT"); continue
         lookup, suffix_dtype = catalog_name(model)
+        version = _aic_version(row)
+        generated = by_the_generator(row, version)
         kept.append({
             "set": "aiconfigurator", "id": rid, "model": model, "catalog_model": lookup, "family": fam[0],
             "moe": fam[1], "gpu": gpu,
             "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype,
-            "kv_dtype": aic_kv_dtype(suffix_dtype),
-            "engine": aic_engine_flags(conc, isl, osl), "vllm_version": _aic_version(row),
+            "kv_dtype": aic_kv_dtype(suffix_dtype) if generated else "auto",
+            "engine": aic_engine_flags(conc, isl, osl) if generated else {}, "vllm_version": version,
             "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl,
                      "requests": AIC_ROUNDS * conc},
             "measured": measured, "comparators": {}, "source": source,

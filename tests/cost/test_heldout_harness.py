@@ -50,6 +50,24 @@ def test_aiconfigurator_rows_in_scope_become_closed_loop_workloads():
     assert w["vllm_version"] == "9.9.9", "read from the image tag when backend_version is empty"
 
 
+@pytest.mark.parametrize("source, version, generated", [
+    ("db-dump; measured=2026-03-27T00:00:00.000Z", "0.18.0", True),
+    ("source_file=x.csv; measured=2025-10-29T00:00:00.000Z", "", False),   # before the generator passed flags
+    ("source_file=gap-analysis.csv", "0.15.1", True),                      # undated: released 2026-02-05
+    ("source_file=gap-analysis.csv", "0.12.0", False),                     # undated: released 2025-12-03
+    ("source_file=gap-analysis.csv", "0.17.0", True),                      # newer than the table's newest
+    ("source_file=gap-analysis.csv", "", False),
+])
+def test_only_points_measured_since_the_generator_passed_its_flags_get_them(source, version, generated):
+    """The generator's flags (and FP8 KV for an FP8 checkpoint) where the point's date, or its
+    vLLM's release, says the generator made its deployment; vLLM's defaults elsewhere."""
+    (w,) = ev.normalise_aiconfigurator([aic_row(silicon_data_source=source, backend_version=version,
+                                                model_path="Qwen/Qwen3-235B-A22B-FP8", gemm_quant_mode="fp8",
+                                                tp_size="4", moe_tp_size="4")])[0]
+    assert ev.by_the_generator({"silicon_data_source": source}, version or None) is generated
+    assert bool(w["engine"]) is generated and (w["kv_dtype"] == "fp8") is generated, w
+
+
 @pytest.mark.parametrize("changes, reason", [
     ({"backend": "trtllm"}, "not vLLM"),
     ({"mode": "disagg"}, "disaggregated"),
