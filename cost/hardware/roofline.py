@@ -112,10 +112,12 @@ def matmul_dtype(gpu, dtype: str) -> tuple[str, bool]:
 
     FP8 and NVFP4 ("fp4") weights run native matmuls where the GPU has them (vLLM quantizes the
     activations too). MXFP4 (gpt-oss's experts) does not, on any GPU: vLLM's MXFP4 MoE backends
-    keep 16-bit activations unless told otherwise (model_executor/layers/quantization/mxfp4.py,
-    ``get_mxfp4_backend``: Marlin or Triton on Hopper, FlashInfer's TRT-LLM BF16×FP4 on B200;
-    FP8 activations only with ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``). INT4 is weight-only
-    (AWQ/GPTQ's W4A16) everywhere."""
+    keep 16-bit activations unless told otherwise (quantization/mxfp4.py ``get_mxfp4_backend``,
+    then fused_moe/oracle/mxfp4.py ``select_mxfp4_moe_backend``: Marlin or Triton on Hopper,
+    FlashInfer's TRT-LLM BF16×MXFP4 on B200; FP8 activations only with
+    ``VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8``). Later oracles may prefer FP8 activations on B200
+    (AIConfigurator's collector notes it for 0.24.0's DeepSeek-V4 path); not modelled. INT4 is
+    weight-only (AWQ/GPTQ's W4A16) everywhere."""
     if dtype in SIXTEEN_BIT:
         return dtype, False
     native = {"fp8": "fp8", "fp4": "fp4", "mxfp4": None, "int4": None}[dtype]
