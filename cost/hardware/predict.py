@@ -214,7 +214,7 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
     n = len(inputs)
     first = np.full(n, np.nan)
     last = np.full(n, np.nan)
-    overhead = capacity.request_overhead_s - capacity.frontend_request_s
+    overhead = capacity.outside_replica_s
     done: list[int] = []
 
     def on_finish(request: int, first_s: float, last_s: float) -> None:

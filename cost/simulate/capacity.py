@@ -148,6 +148,12 @@ class CapacityModel:
         if self.step_s(1, 1, 0) <= 0:
             raise BadInput("capacity model: every coefficient is 0, so a step would take no time")
 
+    @property
+    def outside_replica_s(self) -> float:
+        """The request overhead the client sees on top of the replica's times: all of it but the
+        front end's share, which the replica itself spends before its engine sees the request."""
+        return self.request_overhead_s - self.frontend_request_s
+
     # --- the step ----------------------------------------------------------------------------
 
     def step_s(self, seqs: int, kv_tokens: int, prefill_tokens: int) -> float:

@@ -121,9 +121,8 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
         first_list[request] = t_first
         finish_list[request] = t_last
 
-    # What the client sees besides engine steps (HTTP, tokenising) is added to both times, less
-    # the front end's share, which the replica spends before its engine sees the request.
-    overhead = getattr(capacity, "request_overhead_s", 0.0) - getattr(capacity, "frontend_request_s", 0.0)
+    # What the client sees besides the replica's own time (HTTP, tokenising) is added to both times.
+    overhead = capacity.outside_replica_s
     aborted_at: dict[int, float] = {}       # request -> when its engine (or the hold) dropped it
     cancel, held_limit = None, math.inf
     if front_door is not None:

@@ -98,7 +98,7 @@ class BatchingReplica:
         self.cancelled: set[int] = set()         # dropped while decoding: their finish_heap entries are void
         # The front end (vLLM's API server, one event loop) takes each request in turn for
         # ``frontend_request_s`` before the engine sees it; 0 in a bench fit.
-        self.frontend_s = getattr(capacity, "frontend_request_s", 0.0)
+        self.frontend_s = capacity.frontend_request_s
         self.frontend_free = now                 # when the front end is next free
         self.admitting: deque[tuple[float, int]] = deque()   # (when the engine gets it, request)
 
