@@ -284,6 +284,13 @@ def resolve_capacity(args, mix=None):
     if measured and getattr(args, "spec_model", None):
         raise BadInput(f"give --hf-model {args.spec_model} (capacity from specs) or --capacity/--bench (measured), "
                        "not both: each is the capacity of one replica")
+    if getattr(args, "prefix_cache_hit_rate", None) and not getattr(args, "spec_model", None):
+        raise BadInput(f"--prefix-cache-hit-rate {args.prefix_cache_hit_rate:g} changes a capacity model built from "
+                       "specs (--hf-model M with --instance); here the capacity is "
+                       + ("a measured throughput (--capacity/--bench), a figure that already holds whatever reuse "
+                          "its traffic had" if measured else "not given")
+                       + ": drop the flag, or give --hf-model (`python -m cost simulate` also applies it to a "
+                         "bench's capacity model)")
     if not measured and getattr(args, "spec_model", None):
         if not args.instance:
             raise BadInput(f"--hf-model {args.spec_model} needs --instance: the capacity comes from its GPUs")

@@ -64,6 +64,7 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
     """Every candidate with its capacity, bound and (where simulated) its rung-3 simulation;
     ``best`` the cheapest meeting the SLO, else ``closest`` (highest attainment)."""
     from cost.hardware.predict import capacity_for
+    from cost.simulate.capacity import check_hit_rate
     from cost.traces import trace_from_args
 
     table = table_from(args)
@@ -71,6 +72,8 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
     if trace is None:
         raise BadInput("the search simulates a trace: give --trace FILE")
     dtypes = parse_list(args.dtypes, "--dtypes") or ["auto"]
+    hit_rate = args.prefix_cache_hit_rate or 0.0
+    check_hit_rate(hit_rate, "--prefix-cache-hit-rate")   # before any candidate reads it
     instances = candidate_instances(table, parse_list(args.instances, "--instances"))
     if not instances:
         raise BadInput("no priced GPU instance to search: widen --instances")
@@ -89,6 +92,7 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
                     max_num_seqs=args.max_num_seqs or LMI_MAX_NUM_SEQS,
                     max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                     gpu_memory_utilization=args.gpu_memory_utilization, input_tokens=mean_in,
+                    prefix_cache_hit_rate=hit_rate,
                     output_tokens=mean_out)
             except BadInput as exc:
                 rows.append({**row, "status": "does not fit", "why": str(exc).split(". What fits")[0]})

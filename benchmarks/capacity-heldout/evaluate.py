@@ -450,7 +450,8 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
                  "max_num_seqs": engine.get("max_num_seqs"), "max_model_len": engine.get("max_model_len"),
                  "gpu_memory_utilization": _float(first.get("gpu_mem_util")) or 0.9}
         notes = [f"workload {workload}: {spec['source']}", "prefix caching on in the run (shared system prompt), "
-                 "multi-turn sessions (earlier turns in the prompt); predicted without prefix reuse"]
+                 "multi-turn sessions (earlier turns in the prompt); predicted without prefix reuse (its hit rate "
+                 "is not published)"]
         if str(first.get("cpu_offload")).lower() == "true":
             notes.append("CPU KV offload on in the run (not modelled)")
         kept.append({

@@ -37,6 +37,18 @@ def add_spec_arguments(p: argparse.ArgumentParser, model_flag: str = "--model", 
     g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
     g.add_argument("--max-model-len", type=int, metavar="N")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    add_prefix_cache_argument(p)
+
+
+def add_prefix_cache_argument(p: argparse.ArgumentParser) -> None:
+    """``--prefix-cache-hit-rate``: the traffic's reuse of prompts, for any capacity (specs or bench)."""
+    if any(a.dest == "prefix_cache_hit_rate" for a in p._actions):
+        return
+    p.add_argument("--prefix-cache-hit-rate", type=float, metavar="F",
+                   help="share of prompt tokens vLLM's prefix cache serves (0 to < 1; default: every prompt new, "
+                        "or what a saved capacity model carries). Shared system prompts, multi-turn chats and agents re-sending their context reuse "
+                        "prompts; vLLM reports it as prefix_cache_hits / prefix_cache_queries, and `python -m "
+                        "options.bench` replays print it. Cached tokens cost no prefill, but stay in the KV cache")
 
 
 def capacity_from_spec_args(args, input_tokens=None, output_tokens=None):
@@ -48,7 +60,8 @@ def capacity_from_spec_args(args, input_tokens=None, output_tokens=None):
                         dtype=args.dtype, kv_dtype=args.kv_dtype, max_num_seqs=args.max_num_seqs,
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         gpu_memory_utilization=args.gpu_memory_utilization,
-                        input_tokens=input_tokens, output_tokens=output_tokens)
+                        input_tokens=input_tokens, output_tokens=output_tokens,
+                        prefix_cache_hit_rate=getattr(args, "prefix_cache_hit_rate", None) or 0.0)
 
 
 def throughput_from_spec_args(args, mix=None):
@@ -189,7 +202,7 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
         raise BadInput("give --trace FILE: the requests whose latency to predict")
     mean_in, mean_out = float(trace.input_tokens.mean()), float(trace.output_tokens.mean())
     if args.bench:
-        capacity, origin = load_capacity(args.bench), {"bench": args.bench}
+        capacity, origin = load_capacity(args.bench).with_prefix_cache(args.prefix_cache_hit_rate), {"bench": args.bench}
     else:
         capacity, details = capacity_from_spec_args(args, mean_in, mean_out)
         origin = {k: details[k] for k in ("model", "hardware", "kv_cache_tokens", "assumptions")}

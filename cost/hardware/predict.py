@@ -16,7 +16,7 @@ import numpy as np
 from cost.hardware import catalog, gpus as gpu_table
 from cost.hardware.memory import VLLM_DEFAULTS_SOURCE, EngineFlags, plan_memory
 from cost.hardware.roofline import efficiency, step_model
-from cost.simulate.capacity import CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS, CapacityModel
+from cost.simulate.capacity import CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS, CapacityModel, check_hit_rate
 from options.core import BadInput
 
 DTYPES = ("auto", "bf16", "fp16", "fp8", "fp4", "int4")
@@ -76,7 +76,8 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
                  input_tokens: float | None = None, output_tokens: float | None = None,
-                 efficiency_override=None) -> tuple[CapacityModel, dict[str, Any]]:
+                 efficiency_override=None, prefix_cache_hit_rate: float = 0.0
+                 ) -> tuple[CapacityModel, dict[str, Any]]:
     """One replica's capacity model and the figures behind it (``details``: model, hardware,
     memory, assumptions). Raises ``DoesNotFit`` (a BadInput: exit 2) when vLLM could not start.
     ``efficiency_override`` (an ``Efficiency``) replaces the shipped one: the calibration's fit."""
@@ -86,6 +87,7 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
     weights_dtype = resolve_dtype(spec, dtype)
     if kv_dtype not in KV_DTYPES:
         raise BadInput(f"--kv-dtype {kv_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    check_hit_rate(prefix_cache_hit_rate, "--prefix-cache-hit-rate")
     flags = EngineFlags(gpu_memory_utilization=gpu_memory_utilization, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens, max_model_len=max_model_len)
     mix_in = float(input_tokens) if input_tokens is not None else CHAT_INPUT_TOKENS
@@ -97,9 +99,10 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
         raise DoesNotFit(_not_fit_message(spec, where, plan, gpu_spec, tp, weights_dtype, kv_dtype, flags,
                                           count, inst))
     eff = efficiency_override or efficiency(gpu_spec.family)
-    source = f"specs: {where}, {eff.source.split(':')[0]}"
+    source = f"specs: {where}, {eff.source.split(':')[0]}" + (
+        f"; {prefix_cache_hit_rate:.0%} of prompt tokens from the prefix cache" if prefix_cache_hit_rate else "")
     capacity, assumptions = step_model(spec, gpu_spec, tp, weights_dtype, plan, eff, link, link_gb_s,
-                                       mix_in, source)
+                                       mix_in, source, prefix_cache_hit_rate)
     assumptions = [
         {"what": "model config", "value": f"{spec.name} ({spec.architecture})", "source": spec.source},
         {"what": "GPU", "value": f"{gpu_spec.label}: {gpu_spec.memory_gib:g} GiB, {gpu_spec.bandwidth_gb_s:,.0f} GB/s",

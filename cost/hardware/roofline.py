@@ -134,8 +134,11 @@ def achieved_rates(gpu, dtype: str, eff: Efficiency) -> tuple[float, float]:
 
 
 def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str, link_gb_s: float,
-               mean_prompt_tokens: float, source: str) -> tuple[CapacityModel, list[dict]]:
-    """The ``CapacityModel`` of one replica (``tp`` GPUs) and the assumptions it rests on."""
+               mean_prompt_tokens: float, source: str, prefix_cache_hit_rate: float = 0.0
+               ) -> tuple[CapacityModel, list[dict]]:
+    """The ``CapacityModel`` of one replica (``tp`` GPUs) and the assumptions it rests on. With a
+    ``prefix_cache_hit_rate`` the prompt tokens computed are its tail, whose attention reads the
+    cached head too."""
     if dtype == "fp4" and model.quantization == "mxfp4":
         dtype = "mxfp4"                      # fp4 on an MXFP4 checkpoint is the checkpoint's own
     compute_dtype, weight_only = matmul_dtype(gpu, dtype)
@@ -162,7 +165,8 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         allreduce_payload = 2 * model.layers * per_token
         allreduce_latency = 2 * model.layers * eff.allreduce_s[link]
     frontend_s = min(eff.frontend_request_s, eff.request_s)     # a share of the request's overhead
-    context = max(1.0, mean_prompt_tokens / 2)
+    # A computed prompt token attends over what precedes it: the cached head, then half the rest.
+    context = max(1.0, mean_prompt_tokens * (1 + prefix_cache_hit_rate) / 2)
     prefill_attention = (model.attention_flops_per_token_per_context(int(context), prefill=True) * context
                          / tp / attention_rate)
     capacity = CapacityModel(
@@ -179,7 +183,7 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         experts_read_s=parts.get("experts", 0) / tp / bandwidth,
         experts_touch_s=model.moe_layers * model.experts * eff.moe_expert_s,
         experts=model.experts, experts_per_token=model.experts_per_token,
-        source=source)
+        prefix_cache_hit_rate=prefix_cache_hit_rate, source=source)
     assumptions = [
         {"what": f"matmuls in {compute_dtype}" + (f" with {dtype} weights dequantised in the kernel "
                                                   f"(vLLM's weight-only path for {dtype} on this GPU)"
@@ -196,10 +200,18 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
         {"what": "the front end takes requests one at a time (vLLM's API server: one event loop)",
          "value": f"{frontend_s * 1e3:.1f} ms of the {eff.request_s * 1e3:.1f} ms "
                   "a request", "source": eff.source},
-        {"what": "prefill attention charged at the mix's mean context (half the mean prompt)",
-         "value": f"{mean_prompt_tokens / 2:,.0f} tokens at {eff.attention:.2f} of the 16-bit peak",
+        {"what": "prefill attention charged at the mix's mean context (half the mean prompt"
+                 + (", after its cached head)" if prefix_cache_hit_rate else ")"),
+         "value": f"{context:,.0f} tokens at {eff.attention:.2f} of the 16-bit peak",
          "source": "FlashAttention's FLOP count, 4·heads·head_dim a layer per token pair"},
     ]
+    if prefix_cache_hit_rate:
+        assumptions.append({
+            "what": "vLLM's prefix cache serves a share of every prompt (--prefix-cache-hit-rate): those "
+                    "tokens take no prefill compute or step budget, but stay in the request's KV",
+            "value": f"{prefix_cache_hit_rate:.1%} of prompt tokens",
+            "source": "given by the user (vLLM reports it: prefix_cache_hits / prefix_cache_queries); automatic "
+                      "prefix caching is on by default in vLLM's V1 engine"})
     if tp > 1:
         assumptions.append({"what": f"tensor parallelism over {link}: 2 all-reduces a layer",
                             "value": f"{eff.allreduce_s[link] * 1e6:.0f} µs each + payload at "

@@ -122,6 +122,14 @@ class CapacityModel:
     # Set by a model built from specs; the replica (cost.simulate.replica) spends it before its
     # engine sees a request. 0 in a bench fit.
     frontend_request_s: float = 0.0
+    # The share of prompt tokens vLLM's prefix cache serves (its prefix_cache_hits /
+    # prefix_cache_queries): a prompt's leading tokens found cached are not computed again, so
+    # they take none of a step's token budget or prefill time, though its new tokens still
+    # attend over them and the request still holds its whole prompt in the KV cache. A traffic
+    # property (shared system prompts, multi-turn chats, agents re-sending their context) given
+    # with --prefix-cache-hit-rate; 0 (every prompt new) where not given, as a capacity bench
+    # measures it (its prompts are unique).
+    prefix_cache_hit_rate: float = 0.0
 
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
@@ -141,6 +149,7 @@ class CapacityModel:
         if not (_is_number(self.frontend_request_s) and 0 <= self.frontend_request_s <= self.request_overhead_s):
             raise BadInput(f"capacity model: frontend_request_s = {self.frontend_request_s!r} must be a number "
                            f"from 0 to request_overhead_s ({self.request_overhead_s!r}): it is a share of it")
+        check_hit_rate(self.prefix_cache_hit_rate, "capacity model: prefix_cache_hit_rate")
         if (self.experts_read_s or self.experts_touch_s) and not (0 < self.experts_per_token <= self.experts):
             raise BadInput("capacity model: experts_read_s or experts_touch_s is set, so experts "
                            f"({self.experts!r}) and "
@@ -153,6 +162,23 @@ class CapacityModel:
         """The request overhead the client sees on top of the replica's times: all of it but the
         front end's share, which the replica itself spends before its engine sees the request."""
         return self.request_overhead_s - self.frontend_request_s
+
+    def cached_prompt_tokens(self, prompt_tokens: float) -> float:
+        """Of a prompt, the leading tokens the prefix cache serves: ``prefix_cache_hit_rate`` of
+        it, whole tokens, at most all but the last (vLLM always computes a prompt's last token,
+        whose logits give the first output token)."""
+        if not self.prefix_cache_hit_rate or prompt_tokens <= 1:
+            return 0
+        return min(math.floor(prompt_tokens * self.prefix_cache_hit_rate), math.ceil(prompt_tokens) - 1)
+
+    def with_prefix_cache(self, hit_rate: float | None) -> "CapacityModel":
+        """The same replica serving traffic whose prompts the prefix cache serves ``hit_rate``
+        of (None: as it was; 0: no reuse, whatever the model carried)."""
+        if hit_rate is None or hit_rate == self.prefix_cache_hit_rate:
+            return self
+        check_hit_rate(hit_rate, "--prefix-cache-hit-rate")
+        return replace(self, prefix_cache_hit_rate=float(hit_rate),
+                       source=f"{self.source}; {hit_rate:.0%} of prompt tokens from the prefix cache")
 
     # --- the step ----------------------------------------------------------------------------
 
@@ -181,10 +207,14 @@ class CapacityModel:
 
     def idle_ttft_s(self, prompt_tokens: float) -> float:
         """TTFT of one request on an idle replica: its prefill steps and the request overhead."""
-        budget = self.max_num_batched_tokens
-        chunks = [budget] * int(prompt_tokens // budget) + ([prompt_tokens % budget] if prompt_tokens % budget else [])
-        return (_dot(wave_terms(1, prompt_tokens, 1, budget, self.max_num_seqs)[0][0], self.coefficients())
-                + sum(self.gemm_s(1 + c) for c in chunks or [0]))
+        done = self.cached_prompt_tokens(prompt_tokens)
+        ttft = self.request_overhead_s
+        while True:                    # its chunks, one step each (at least one step)
+            chunk = min(prompt_tokens - done, self.max_num_batched_tokens)
+            done += chunk
+            ttft += self.step_s(1, done, chunk)
+            if done >= prompt_tokens:
+                return ttft
 
     def saturated_output_tok_s(self, input_tokens: float, output_tokens: float) -> float:
         """Steady-state output tokens/s with the batch full, for requests of these mean sizes.
@@ -200,12 +230,13 @@ class CapacityModel:
             raise BadInput(f"input_tokens {input_tokens!r} must be a finite number >= 0")
         if not (_is_number(output_tokens) and output_tokens >= 1 and math.isfinite(output_tokens)):
             raise BadInput(f"output_tokens {output_tokens!r} must be a finite number >= 1")
+        computed = input_tokens - self.cached_prompt_tokens(input_tokens)     # prompt tokens a step computes
         batch = float(self.max_num_seqs)
         batch = min(batch, self.kv_cache_tokens / (input_tokens + output_tokens))
-        batch = min(batch, self.max_num_batched_tokens / (1 + input_tokens / output_tokens))
+        batch = min(batch, self.max_num_batched_tokens / (1 + computed / output_tokens))
         batch = max(batch, 1.0)
-        tokens_per_step = batch * (1 + input_tokens / output_tokens)
-        return 1.0 / (_dot(saturation_terms(batch, input_tokens, output_tokens), self.coefficients())
+        tokens_per_step = batch * (1 + computed / output_tokens)
+        return 1.0 / (_dot(saturation_terms(batch, input_tokens, output_tokens, computed), self.coefficients())
                       + self.gemm_s(tokens_per_step) / batch)
 
     def steady_tpot_s(self, point: dict[str, Any]) -> float:
@@ -234,7 +265,8 @@ class CapacityModel:
                    + (f" + {self.experts_read_s * 1e3:.3g} ms × experts touched" if self.experts_read_s else "")
                    + f", {self.gemm_per_token_s * 1e6:.3g} µs/token)"
                    + (f" + {self.experts_touch_s * 1e3:.3g} ms × experts touched" if self.experts_touch_s else "")
-                   if self.gemm_s(1) else ""))
+                   if self.gemm_s(1) else "")
+                + (f"; {self.prefix_cache_hit_rate:.0%} of prompt tokens cached" if self.prefix_cache_hit_rate else ""))
 
     # --- JSON --------------------------------------------------------------------------------
 
@@ -254,7 +286,8 @@ class CapacityModel:
             raise BadInput(f"{where} has no {missing[0]!r}" + (f" (nor {', '.join(map(repr, missing[1:]))})"
                                                                 if len(missing) > 1 else "")
                            + f": a capacity model needs {', '.join(required)}")
-        roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token", "frontend_request_s")
+        roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token", "frontend_request_s",
+                                              "prefix_cache_hit_rate")
                     if doc.get(k) is not None}
         try:
             return cls(**{k: doc[k] for k in required}, **roofline,
@@ -390,13 +423,24 @@ def wave_terms(requests: int, prompt_tokens: float, output_tokens: int, max_num_
     return ttft, per_token
 
 
-def saturation_terms(batch: float, input_tokens: float, output_tokens: float) -> list[float]:
+def saturation_terms(batch: float, input_tokens: float, output_tokens: float,
+                     computed_input_tokens: float | None = None) -> list[float]:
     """The terms of the time per output token of a server whose batch stays full with
     ``batch`` sequences of these mean sizes: each step decodes them all, prefills the
-    ``batch × input / output`` prompt tokens that replace the finishing ones, and holds
+    ``batch × computed / output`` prompt tokens that replace the finishing ones (``computed``: the
+    prompt less what the prefix cache serves; all of it by default), and holds
     ``batch × (input + output / 2)`` KV tokens; ``batch`` tokens come out of it."""
     b, i, o = batch, input_tokens, output_tokens
-    return [1.0 / b, 1.0, i + o / 2, i / o, 0.0]
+    c = i if computed_input_tokens is None else computed_input_tokens
+    return [1.0 / b, 1.0, i + o / 2, c / o, 0.0]
+
+
+def check_hit_rate(value: Any, what: str) -> None:
+    """A prefix-cache hit rate is a share of prompt tokens: from 0 up to, not including, 1."""
+    if not (_is_number(value) and 0 <= value < 1):
+        raise BadInput(f"{what} {value!r} must be a number from 0 up to (not including) 1: the share of prompt "
+                       "tokens vLLM's prefix cache serves (its prefix_cache_hits / prefix_cache_queries; "
+                       "a prompt's last token is always computed)")
 
 
 def steady_terms(decoding_seqs: float, kv_tokens: float, prefill_tokens_per_s: float,

@@ -252,12 +252,13 @@ def capacity_from_args(args, trace=None):
     if benches and args.capacity is not None:
         raise BadInput(f"give --capacity {args.capacity:g} or --bench {benches[0]}, not both: each is the "
                        "capacity of one replica")
+    hit_rate = getattr(args, "prefix_cache_hit_rate", None)
     if benches:
-        return load_capacity(benches[0])
+        return load_capacity(benches[0]).with_prefix_cache(hit_rate)
     if args.capacity is not None:
         if not args.capacity > 0:
             raise BadInput(f"--capacity {args.capacity!r} must be > 0 output tokens/s")
-        return CapacityModel.from_throughput(args.capacity, f"--capacity {args.capacity:g}")
+        return CapacityModel.from_throughput(args.capacity, f"--capacity {args.capacity:g}").with_prefix_cache(hit_rate)
     raise BadInput("give the capacity of one replica: --bench FILE (python -m options.bench --profile capacity "
                    "--json FILE), --capacity OUTPUT_TOK_S, or --hf-model M (from the model's config and the "
                    "instance's specs)")

@@ -20,6 +20,11 @@ with tokens. Steps that carry prompt chunks are taken one at a time.
 A capacity model with ``frontend_request_s`` (one built from specs) has a front end: each request
 spends that long on the API server's one event loop, in turn, before the engine sees it.
 
+With a ``prefix_cache_hit_rate`` a prompt's leading tokens come from vLLM's prefix cache: it is
+admitted with them already computed, so only the rest takes the step's token budget and prefill
+time, while its steps still read them (the KV held) and its reserve is still the whole prompt and
+answer (the cautious side: cached blocks shared between requests are counted for each).
+
 A request whose client gave up (``Cancellation``: the rung's front-door timeouts) is dropped at
 a step boundary, as vLLM aborts a request between steps: its queue place, batch slot, KV cache
 and reserve are freed. Each deadline is one more change the replica stops at (the first step
@@ -64,7 +69,7 @@ class BatchingReplica:
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
                  "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled",
-                 "frontend_s", "frontend_free", "admitting")
+                 "frontend_s", "frontend_free", "admitting", "cached")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
                  cancel: Cancellation | None = None) -> None:
@@ -78,6 +83,8 @@ class BatchingReplica:
         self.budget = capacity.max_num_batched_tokens
         self.kv_capacity = capacity.kv_cache_tokens
         self.inputs, self.outputs = inputs, outputs          # per-request sizes (shared lists)
+        # A prompt's leading tokens the prefix cache serves: computed already when it is admitted.
+        self.cached = capacity.cached_prompt_tokens if capacity.prefix_cache_hit_rate else None
         self.on_finish = on_finish
         self.clock = now            # time of the last step boundary (or when it went idle)
         self.step = 0               # steps completed so far
@@ -294,10 +301,10 @@ class BatchingReplica:
             room -= chunk
         while room > 0 and self.queue and self._can_admit(self.queue[0]):
             request = self.queue.popleft()
-            entry = [request, 0]
+            entry = [request, self.cached(self.inputs[request]) if self.cached else 0]
             self.prefilling.append(entry)
             self.reserved += self.inputs[request] + self.outputs[request]
-            chunk = min(self.inputs[request], room)
+            chunk = min(self.inputs[request] - entry[1], room)
             plan.append((entry, chunk))
             room -= chunk
         self.plan = plan

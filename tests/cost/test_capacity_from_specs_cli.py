@@ -4,27 +4,12 @@ the real CLI in a subprocess on a window of the shipped conversation trace."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from cost_cli import TRACE, cost, cost_json
 
-ROOT = Path(__file__).resolve().parents[2]
-TRACE = str(ROOT / "cost" / "data" / "traces" / "azure-llm-inference-2023-conv.csv")
 LLAMA = "meta-llama/Llama-3.1-8B-Instruct"
 BEDROCK = "meta.llama3-1-8b-instruct-v1:0"
-
-
-def cost(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cost", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
-
-
-def cost_json(*args: str) -> dict:
-    done = cost(*args, "--json")
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
 
 
 def test_breakeven_takes_its_capacity_from_specs_and_says_so():
