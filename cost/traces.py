@@ -57,6 +57,8 @@ _SCALE_STREAM, _CURVE_STREAM = 1, 2
 _TIME_WORDS = ("timestamp", "time", "date", "datetime", "ts", "period")
 _REQUEST_WORDS = ("request", "requests", "invocation", "invocations", "count")
 _TOKEN_WORDS = ("token", "tokens")
+# Mooncake's traces name one hash id per 512 prompt tokens.
+DEFAULT_BLOCK_TOKENS = 512
 # A zone at the end of an ISO 8601 time: Z, +HH, +HHMM or +HH:MM.
 _ZONE_SUFFIX = re.compile(r"(?:Z|[+-]\d\d(?::?\d\d)?)$", re.IGNORECASE)
 
@@ -811,8 +813,10 @@ def _check_positive(value, flag: str, why: str) -> float:
 
 def add_trace_arguments(parser: argparse.ArgumentParser, flag: str = "--trace") -> None:
     """Add ``flag`` (the trace file, metavar TRACE) and the options that say how to read it:
-    --format, --window A:B, --scale K, --token-scale F, --mix-trace FILE, --trace-seed N.
-    ``trace_from_args`` reads them back."""
+    --format, --window A:B, --scale K, --token-scale F, --mix-trace FILE, --trace-seed N, and
+    --block-tokens N (how many prompt tokens a prefix block id stands for: a replay builds its
+    prompts' shared heads from it, the simulator its prefix-cache hits). ``trace_from_args``
+    reads them back."""
     group = parser.add_argument_group("trace", f"the requests: {flag} and how to read it")
     dest = flag.lstrip("-").replace("-", "_")
     group.add_argument(flag, dest=dest, metavar="TRACE",
@@ -832,6 +836,9 @@ def add_trace_arguments(parser: argparse.ArgumentParser, flag: str = "--trace") 
                             "conversation trace)")
     group.add_argument("--trace-seed", dest="trace_seed", type=int, metavar="N", default=0,
                        help="seed for what is drawn at random (scaling, a curve's arrivals) (default 0)")
+    group.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N",
+                       help="prompt tokens per shared block of a trace with prefix blocks (Mooncake's "
+                            f"hash_ids; {DEFAULT_BLOCK_TOKENS}, as Mooncake counts them)")
     parser.set_defaults(trace_flag=flag)
 
 

@@ -189,8 +189,9 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
     from cost.simulate.capacity import load_capacity
-    from cost.traces import trace_from_args
     from cost.simulate.fleet import SERVED, run_fleet
+    from cost.simulate.prefix import prefix_of
+    from cost.traces import trace_from_args
     from cost.simulate.scaling import Fixed
 
     if (args.bench is None) == (args.spec_model is None):
@@ -207,7 +208,7 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
         capacity, details = capacity_from_spec_args(args, mean_in, mean_out)
         origin = {k: details[k] for k in ("model", "hardware", "kv_cache_tokens", "assumptions")}
     run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, capacity, Fixed(args.replicas),
-                    span_s=trace.span_s, seed=args.seed)
+                    span_s=trace.span_s, seed=args.seed, prefix=prefix_of(trace, args.block_tokens))
     served = run.status == SERVED
     ttft = np.where(served, run.first_token_s - trace.arrival_s, np.nan)
     e2e = np.where(served, run.finish_s - trace.arrival_s, np.nan)
@@ -220,6 +221,7 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
             "predicted": {"ttft_ms": _stats(ttft), "itl_ms": _stats(itl), "e2e_ms": _stats(e2e)},
             "throughput": {"output_tok_s": round(float(out[served].sum() / span), 1) if span > 0 else None,
                            "requests_per_s": round(float(served.sum() / span), 3) if span > 0 else None},
+            **({"prefix_cache": run.prefix_cache} if run.prefix_cache else {}),
             "preemptions": 0,
             "preemptions_note": "the simulator reserves each request's whole KV (prompt + answer) at admission, "
                                 "so it never preempts: a request waits in the queue instead (the cautious side)",
@@ -243,3 +245,7 @@ def render_predict(data: dict[str, Any]) -> None:
     tp = data["throughput"]
     console.print(f"served {data['served']:,}, failed {data['failed']:,}; {tp['output_tok_s'] or 0:,.0f} output tok/s, "
                   f"{tp['requests_per_s'] or 0:,.2f} req/s")
+    hits = data.get("prefix_cache")
+    if hits and hits["hit_rate"] is not None:
+        console.print(f"prefix cache: {hits['hit_rate']:.1%} of {hits['queried_tokens']:,} prompt tokens served from it "
+                      "(the trace's prompt blocks)")

@@ -341,7 +341,7 @@ def simulate(args, table_from, eks_fixed_hourly) -> dict[str, Any]:
                   max_instances=args.max_instances, sagemaker_policy=sagemaker_policy, eks_policy=eks_policy,
                   sagemaker_start_s=args.instance_start_s, eks_start_s=args.replica_start_s, seed=args.seed,
                   rung6_autoscaler=rung6, ray_serve=ray_serve, bedrock_batch=bedrock_batch, bedrock_pt=bedrock_pt,
-                  spot=spot, timeouts=doors)
+                  spot=spot, timeouts=doors, block_tokens=args.block_tokens)
     with _progress(args) as say:
         sim = Simulation(trace, setup, levels, progress=say)
         data = sim.run()
@@ -451,13 +451,17 @@ def predict_one(path: Path, replay: dict[str, Any], capacity, seed: int):
     import numpy as np
 
     from cost.simulate.fleet import SERVED, run_fleet
+    from cost.simulate.prefix import prefix_of
     from cost.simulate.scaling import Fixed
+    from cost.traces import DEFAULT_BLOCK_TOKENS
 
     trace = replay_trace(replay["spec"])
+    # A replay of a trace with prompt blocks sent shared heads, which the server's prefix cache served.
+    prefix = prefix_of(trace, int(replay["spec"].get("block_tokens") or DEFAULT_BLOCK_TOKENS))
 
     def latencies_ms(model):
         run = run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, model, Fixed(1),
-                        span_s=trace.span_s, seed=seed)
+                        span_s=trace.span_s, seed=seed, prefix=prefix)
         served = run.status == SERVED
         return (np.where(served, run.first_token_s - trace.arrival_s, np.nan) * 1000,
                 np.where(served, run.finish_s - trace.arrival_s, np.nan) * 1000)

@@ -23,7 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
+from cost.simulate.prefix import PrefixBlocks, hit_summary
 from cost.simulate.replica import BatchingReplica, Cancellation
+from options.core import BadInput
 
 if TYPE_CHECKING:
     from cost.simulate.timeouts import FrontDoor
@@ -74,6 +76,7 @@ class FleetRun:
     timeline: list[tuple[float, int, int]]   # (time, serving, starting) at every change
     decisions: list[dict[str, Any]] = field(default_factory=list)   # the policy's actions
     interruptions: list[dict[str, Any]] = field(default_factory=list)   # spot notices: node, notice, reclaim
+    prefix_cache: dict[str, Any] | None = None   # hit counts over every replica, where the trace names its blocks
 
     def instance_seconds(self, end_s: float, minimum_s: float = 0.0) -> float:
         """Billed instance-seconds up to ``end_s``: each instance from launch to termination (or
@@ -89,7 +92,8 @@ class FleetRun:
 def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np.ndarray,
               capacity, policy, *, span_s: float, routing: str = "random", seed: int = 0,
               front_door: FrontDoor | None = None, interruption_notice: Callable[[int, float], float] | None = None,
-              notice_s: float = 120.0, on_progress: Callable[[int], None] | None = None) -> FleetRun:
+              notice_s: float = 120.0, on_progress: Callable[[int], None] | None = None,
+              prefix: PrefixBlocks | None = None) -> FleetRun:
     """Serve the arrivals on a fleet that ``policy`` sizes; every request's times and status.
 
     ``policy`` has ``initial`` (instances serving at time 0), ``period_s``, ``start_s`` (launch to
@@ -104,9 +108,15 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
 
     ``front_door`` (a ``timeouts.FrontDoor``, None: no limits) times requests out; one held for
     a first replica past its deadline is dropped there (its client left before any engine saw it).
+    ``prefix`` (the trace's prompt blocks, ``cost.simulate.prefix``) gives each replica its own
+    prefix cache of them; a capacity model's flat ``prefix_cache_hit_rate`` cannot be given too.
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
+    if prefix is not None and capacity.prefix_cache_hit_rate:
+        raise BadInput(f"the trace names its prompts' shared blocks (hash_ids), which give each request's "
+                       f"prefix-cache hits; --prefix-cache-hit-rate {capacity.prefix_cache_hit_rate:g} would "
+                       "count them twice: leave it out (or give it as 0 where a saved capacity model carries one)")
     n = len(arrival_s)
     arrivals = arrival_s.tolist()
     inputs = input_tokens.tolist()
@@ -192,7 +202,7 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     def bring_up(upto: float) -> None:
         while starting and starting[0].ready_s <= upto:
             inst = starting.pop(0)
-            inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s, cancel)
+            inst.replica = BatchingReplica(capacity, inputs, outputs, on_finish, inst.ready_s, cancel, prefix)
             node_index[id(inst.replica)] = instances.index(inst)
             serving.append(inst.replica)
             record(inst.ready_s)
@@ -328,4 +338,6 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
             first[i] = finish[i] = math.nan
     if on_progress is not None:
         on_progress(n)
-    return FleetRun(first, finish, status, instances, timeline, decisions, interruptions)
+    caches = [inst.replica.prefix_cache for inst in instances if inst.replica is not None]
+    return FleetRun(first, finish, status, instances, timeline, decisions, interruptions,
+                    hit_summary(caches) if prefix is not None else None)

@@ -23,7 +23,9 @@ spends that long on the API server's one event loop, in turn, before the engine 
 With a ``prefix_cache_hit_rate`` a prompt's leading tokens come from vLLM's prefix cache: it is
 admitted with them already computed, so only the rest takes the step's token budget and prefill
 time, while its steps still read them (the KV held) and its reserve is still the whole prompt and
-answer (the cautious side: cached blocks shared between requests are counted for each).
+answer (the cautious side: cached blocks shared between requests are counted for each). A trace
+that names its prompts' blocks gives each replica its own cache of them instead
+(``cost.simulate.prefix``): the hits are those of that replica's history.
 
 A request whose client gave up (``Cancellation``: the rung's front-door timeouts) is dropped at
 a step boundary, as vLLM aborts a request between steps: its queue place, batch slot, KV cache
@@ -37,6 +39,8 @@ import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable
+
+from cost.simulate.prefix import PrefixBlocks, PrefixCache
 
 # Outcome of each request, kept in the fleet's arrays: what a finished request reports.
 Finished = Callable[[int, float, float], None]       # (request index, first token time, last token time)
@@ -69,10 +73,10 @@ class BatchingReplica:
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
                  "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled",
-                 "frontend_s", "frontend_free", "admitting", "cached")
+                 "frontend_s", "frontend_free", "admitting", "cached", "prefix_cache")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
-                 cancel: Cancellation | None = None) -> None:
+                 cancel: Cancellation | None = None, prefix: PrefixBlocks | None = None) -> None:
         self.base_s = capacity.step_base_s
         self.per_seq_s = capacity.step_per_seq_s
         self.per_kv_s = capacity.step_per_kv_token_s
@@ -84,6 +88,9 @@ class BatchingReplica:
         self.kv_capacity = capacity.kv_cache_tokens
         self.inputs, self.outputs = inputs, outputs          # per-request sizes (shared lists)
         # A prompt's leading tokens the prefix cache serves: computed already when it is admitted.
+        # From the trace's prompt blocks where it names them (this replica's own cache of them),
+        # else the capacity model's flat share.
+        self.prefix_cache = PrefixCache(prefix, capacity.kv_cache_tokens) if prefix is not None else None
         self.cached = capacity.cached_prompt_tokens if capacity.prefix_cache_hit_rate else None
         self.on_finish = on_finish
         self.clock = now            # time of the last step boundary (or when it went idle)
@@ -259,6 +266,8 @@ class BatchingReplica:
             if entry[1] >= self.inputs[request]:
                 # Its prompt is done: the step's end gives its first token, then it decodes.
                 self.prefilling.remove(entry)
+                if self.prefix_cache is not None:
+                    self.prefix_cache.store(request)     # its blocks are computed: later prompts may hit them
                 if self.cancel is not None and not self._keeps(request, end):
                     continue
                 self.first_token_at[request] = end
@@ -281,6 +290,12 @@ class BatchingReplica:
             self.reserved -= prompt + self.outputs[request]
             self.on_finish(request, self.first_token_at.pop(request), self.clock)
 
+    def _cached(self, request: int) -> int:
+        """How much of a prompt being admitted the prefix cache serves."""
+        if self.prefix_cache is not None:
+            return self.prefix_cache.cached_tokens(request, self.inputs[request])
+        return self.cached(self.inputs[request]) if self.cached else 0
+
     def _can_admit(self, request: int) -> bool:
         running = self.decoding + len(self.prefilling)
         if running >= self.max_seqs:
@@ -301,7 +316,7 @@ class BatchingReplica:
             room -= chunk
         while room > 0 and self.queue and self._can_admit(self.queue[0]):
             request = self.queue.popleft()
-            entry = [request, self.cached(self.inputs[request]) if self.cached else 0]
+            entry = [request, self._cached(request)]
             self.prefilling.append(entry)
             self.reserved += self.inputs[request] + self.outputs[request]
             chunk = min(self.inputs[request] - entry[1], room)

@@ -38,9 +38,11 @@ from typing import Any, Callable
 import numpy as np
 
 from cost.prices import HOURS_PER_MONTH
+from cost.traces import DEFAULT_BLOCK_TOKENS
 from cost.simulate import fleet as fleet_mod
 from cost.simulate.bedrock import THROTTLED, BedrockSettings, ProvisionedThroughput, batch_run, simulate_bedrock
 from cost.simulate.fleet import INTERRUPTED, NO_CAPACITY, SERVED, TIMED_OUT, run_fleet
+from cost.simulate.prefix import prefix_of
 from cost.simulate.scaling import QueueDepth, RayServe, TargetTracking, default
 from cost.simulate.spot import SpotMarket
 from cost.simulate.timeouts import FrontDoor, default_front_doors, door_of
@@ -127,6 +129,7 @@ class Setup:
     bedrock_pt: ProvisionedThroughput | None = None      # also simulate rung 1 on Provisioned Throughput
     spot: SpotMarket | None = None   # rung 6's GPU nodes on EC2 Spot instead of on-demand
     timeouts: dict[str, FrontDoor] | None = None   # "bedrock"/"sagemaker"/"eks" -> limits; None: the defaults
+    block_tokens: int = DEFAULT_BLOCK_TOKENS         # prompt tokens a trace's prefix block id stands for
 
 
 def percentiles_ms(values_s: np.ndarray, qs=(50, 99)) -> dict[str, float | None]:
@@ -161,6 +164,7 @@ class Simulation:
         self.inputs = trace.input_tokens
         self.outputs = trace.output_tokens
         self.span_s = float(trace.span_s)
+        self.prefix = prefix_of(trace, setup.block_tokens)    # None: the trace names no prompt blocks
         self._cache: dict[Any, dict[str, Any]] = {}
         self._per_minute: np.ndarray | None = None
         self._scale_costs: dict[tuple[Any, float], float] = {}   # (simulation key, scale) -> window USD
@@ -206,7 +210,7 @@ class Simulation:
         run = run_fleet(self.arrival, self.inputs, self.outputs, cap, policy, span_s=self.span_s,
                         routing=self.routing_for(level), seed=self.setup.seed, front_door=door,
                         interruption_notice=spot.notices(self.setup.seed) if spot else None,
-                        notice_s=spot.notice_s if spot else 0.0)
+                        notice_s=spot.notice_s if spot else 0.0, prefix=self.prefix)
         if level == EKS_LEVEL:
             hourly = self.eks_node_hourly()
             seconds = run.instance_seconds(self.span_s, default("eks", "ec2_minimum_billed_s"))
@@ -238,6 +242,7 @@ class Simulation:
             "idle_share": round(max(0.0, 1 - busy / serving_s), 4) if serving_s > 0 else None,
             "instance_hours": round(seconds / 3600, 4),
             "timeout": door.to_json(),
+            **({"prefix_cache": run.prefix_cache} if run.prefix_cache else {}),
             "policy": {**policy.to_json(), **({"spot": spot.to_json()} if spot else {})},
             **({"spot_interruptions": {"notices": len(run.interruptions),
                                        "requests_failed": int((run.status == INTERRUPTED).sum()),

@@ -55,8 +55,6 @@ MAX_IN_FLIGHT = 2048
 CLIENT_OVERLOADED = "client_overloaded"
 # A send this much later than scheduled counts as late (late_sends).
 LATE_S = 0.010
-# Mooncake's traces name one hash id per 512 prompt tokens.
-DEFAULT_BLOCK_TOKENS = 512
 # Prompts are built ahead of their send time, in the scheduler's idle time, at most this far
 # ahead (requests and tokens), so a long trace never holds every prompt in memory at once.
 LOOKAHEAD_REQUESTS = 1024
@@ -90,9 +88,6 @@ def add_arguments(parser) -> None:
                         "--load refers to (alone: the offered load is reported against it)")
     g.add_argument("--max-input", type=int, metavar="N", help="clip prompts to N tokens")
     g.add_argument("--max-output", type=int, metavar="N", help="clip answers to N tokens")
-    g.add_argument("--block-tokens", type=int, default=DEFAULT_BLOCK_TOKENS, metavar="N",
-                   help="prompt tokens per shared block of a trace with prefix blocks (Mooncake's "
-                        f"hash_ids; {DEFAULT_BLOCK_TOKENS}, as Mooncake counts them)")
 
 
 # --- the plan: sizes, times, pace (pure; read before any server starts) -------------------------
@@ -161,6 +156,8 @@ class ReplayPlan:
 
 def replay_only_flags(args) -> list[tuple[str, Any, Any]]:
     """(flag, value, default) of the flags that mean something only with --replay."""
+    from cost.traces import DEFAULT_BLOCK_TOKENS
+
     return [("--time-scale", args.time_scale, None), ("--load", args.load, None),
             ("--capacity", args.capacity, None), ("--max-input", args.max_input, None),
             ("--max-output", args.max_output, None),
@@ -198,10 +195,13 @@ def check_arguments(args) -> None:
 
 
 def plan_replay(trace: "Trace", *, max_input: int | None = None, max_output: int | None = None,
-                block_tokens: int = DEFAULT_BLOCK_TOKENS, time_scale: float | None = None,
+                block_tokens: int | None = None, time_scale: float | None = None,
                 load: float | None = None, capacity_file: str | None = None) -> ReplayPlan:
-    """Clip the trace's sizes, then resolve its pace to one time scale."""
-    from cost.traces import sent_sizes
+    """Clip the trace's sizes, then resolve its pace to one time scale (``block_tokens``: a
+    prefix block id's prompt tokens, Mooncake's 512 by default)."""
+    from cost.traces import DEFAULT_BLOCK_TOKENS, sent_sizes
+
+    block_tokens = block_tokens or DEFAULT_BLOCK_TOKENS
 
     sizes = sent_sizes(trace, max_input, max_output)
     inputs, outputs = sizes.input_tokens.tolist(), sizes.output_tokens.tolist()

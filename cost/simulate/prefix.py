@@ -1,0 +1,88 @@
+"""A replica's prefix cache over a trace's shared prompt blocks (Mooncake's ``hash_ids``).
+
+vLLM keeps the KV blocks of prompts it has computed and serves a later prompt's matching head
+from them (automatic prefix caching, on by default), evicting the least recently used blocks no
+running request holds. A trace that names its prompts' blocks (``Trace.prefix_blocks``: one id
+per ``block_tokens`` prompt tokens, an id standing for its block and every block before it, as
+Mooncake's are) says which heads repeat. Each replica here keeps the blocks its finished
+prefills computed, least recently used first, as many as its KV cache holds
+(``kv_cache_tokens / block_tokens``), and admits a prompt with its longest cached run of leading
+blocks already computed: the rest is prefilled as usual. Blocks enter the cache when the
+prompt that computes them finishes its prefill, so two prompts prefilled side by side do not
+share (as in vLLM, whose blocks are reusable once computed).
+
+Simplified, and on which side: the cache may hold as many blocks as the whole KV cache, though
+running requests take part of it (the optimistic side on a busy replica); a hit counts whole
+blocks of the trace's granularity (vLLM's are 16 tokens, so it matches finer); the prompt's last
+token is always computed.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from options.core import BadInput
+
+
+@dataclass(frozen=True)
+class PrefixBlocks:
+    """A trace's prompt blocks: ``blocks[i]`` the ids of request i's prompt, in order."""
+    blocks: Sequence[Sequence[int]]
+    block_tokens: int
+
+
+class PrefixCache:
+    """One replica's cached prompt blocks (see the module docstring); counts tokens queried and hit
+    as vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` do."""
+
+    __slots__ = ("blocks", "block_tokens", "capacity", "lru", "queried", "hit")
+
+    def __init__(self, prefix: PrefixBlocks, kv_cache_tokens: int) -> None:
+        self.blocks, self.block_tokens = prefix.blocks, prefix.block_tokens
+        self.capacity = max(0, kv_cache_tokens // prefix.block_tokens)
+        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.queried = 0
+        self.hit = 0
+
+    def cached_tokens(self, request: int, prompt_tokens: int) -> int:
+        """The leading prompt tokens this replica's cache serves request ``request`` (refreshing
+        the blocks it hits)."""
+        run = 0
+        for block in self.blocks[request]:
+            if block not in self.lru:
+                break
+            self.lru.move_to_end(block)
+            run += 1
+        cached = min(run * self.block_tokens, max(0, prompt_tokens - 1))
+        self.queried += prompt_tokens
+        self.hit += cached
+        return cached
+
+    def store(self, request: int) -> None:
+        """Request ``request``'s prompt is computed: its blocks are the most recently used."""
+        lru = self.lru
+        for block in self.blocks[request]:
+            lru[block] = None
+            lru.move_to_end(block)
+        while len(lru) > self.capacity:
+            lru.popitem(last=False)
+
+
+def prefix_of(trace, block_tokens: int) -> PrefixBlocks | None:
+    """The trace's prompt blocks at ``block_tokens`` tokens an id (``--block-tokens``), or None
+    where the trace names none (then every prompt is new, unless ``--prefix-cache-hit-rate``)."""
+    if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
+        raise BadInput(f"--block-tokens {block_tokens!r} must be a whole number >= 1: the prompt tokens one "
+                       "prefix block id stands for (Mooncake's traces: 512)")
+    if trace.prefix_blocks is None:
+        return None
+    return PrefixBlocks(trace.prefix_blocks, block_tokens)
+
+
+def hit_summary(caches: Sequence[PrefixCache]) -> dict[str, Any]:
+    """The fleet's prefix-cache counts, as vLLM's metrics would sum them over its replicas."""
+    queried = sum(c.queried for c in caches)
+    hit = sum(c.hit for c in caches)
+    return {"queried_tokens": int(queried), "hit_tokens": int(hit),
+            "hit_rate": round(hit / queried, 4) if queried else None}
