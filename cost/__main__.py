@@ -135,6 +135,7 @@ def build_parser(prog: str = "python -m cost") -> argparse.ArgumentParser:
                    help="output tokens/s one replica sustains (with --trace; a bench carries its own)")
     a.add_argument("--hours-per-day", type=float, default=24.0, metavar="H", help="active hours a day (default 24)")
     a.add_argument("--min-replicas", type=int, default=1, metavar="N", help="replicas kept running (default 1)")
+    add_spec_arguments(a, model_flag="--hf-model", required=False, gpu_flags=False)
     a.set_defaults(handler=cmd_agent)
 
     bl = sub.add_parser("bill", parents=[common], help="each gateway tenant's bill for a month, from the metered ledger",
@@ -560,15 +561,37 @@ def cmd_agent(args):
                        "self-hosted replica runs on)")
     if args.mix:
         raise BadInput("--mix does not apply to agent tasks: the task's own input:output tokens are its mix")
-    if args.bench and args.capacity is not None:
-        raise BadInput("give --capacity with --trace only: an agent bench carries its measured capacity")
+    if args.bench and (args.capacity is not None or args.spec_model):
+        raise BadInput("give --capacity or --hf-model with --trace only: an agent bench carries its measured "
+                       "capacity")
+    if args.capacity is not None and args.spec_model:
+        raise BadInput(f"give --hf-model {args.spec_model} (capacity from specs) or --capacity (measured), not "
+                       "both: each is the capacity of one replica")
+    if args.prefix_cache_hit_rate is not None and not args.spec_model:
+        raise BadInput("--prefix-cache-hit-rate changes a capacity predicted from specs: give --hf-model M (an "
+                       "agent bench measured its own reuse; --capacity is a figure that holds it)")
     task = task_from_trace(args.trace) if args.trace else task_from_bench(args.bench)
+    capacity_tok_s, origin = args.capacity, "--capacity"
+    if args.spec_model:
+        capacity_tok_s, origin = agent_capacity_from_specs(args, task)
     table = table_from(args)
     data = price_task(task, table, args.model, args.instance, tasks_per_month=args.tasks_per_month,
-                      slo_p99_ms=args.slo_p99, capacity_tok_s=args.capacity, hours_per_day=args.hours_per_day,
+                      slo_p99_ms=args.slo_p99, capacity_tok_s=capacity_tok_s, hours_per_day=args.hours_per_day,
                       min_replicas=args.min_replicas, discount_pct=args.discount, tier=args.tier,
-                      eks_fixed_hourly=eks_fixed_hourly(table)["hourly"])
+                      eks_fixed_hourly=eks_fixed_hourly(table)["hourly"], capacity_origin=origin)
     return data, render
+
+
+def agent_capacity_from_specs(args, task) -> tuple[float, str]:
+    """One replica's saturated output tok/s from --hf-model on --instance, at the task's mean call
+    (its input and output tokens a call), with the prompts' reuse --prefix-cache-hit-rate gives."""
+    from cost.hardware.cli import capacity_from_spec_args
+
+    per_call_in, per_call_out = task.input_tokens / task.calls, max(1.0, task.output_tokens / task.calls)
+    capacity, details = capacity_from_spec_args(args, per_call_in, per_call_out)
+    return details["saturated_output_tok_s"], (
+        f"{capacity.source}: saturated at the task's mean call, {per_call_in:,.0f} in / {per_call_out:,.0f} out; "
+        f"KV cache {details['kv_cache_tokens']:,} tokens; python -m cost capacity shows every assumption")
 
 
 # The gateway's package lives beside its scripts, as byo_vllm's does; read through it (its own

@@ -116,12 +116,14 @@ def task_from_bench(path: str) -> Task:
                              "prefix_cache_hit_rate": doc.get("prefix_cache_hit_rate")})
 
 
-def replica_capacity(task: Task, capacity_tok_s: float | None) -> tuple[Capacity | None, str]:
-    """One replica's capacity in output tokens/s, and where it came from."""
+def replica_capacity(task: Task, capacity_tok_s: float | None,
+                     origin: str = "--capacity") -> tuple[Capacity | None, str]:
+    """One replica's capacity in output tokens/s, and where it came from (``origin``: the flag, or
+    the specs it was predicted from)."""
     if capacity_tok_s is not None:
         check_range("capacity", capacity_tok_s, 0.0, 1e7, low_open=True, unit=" output tok/s")
-        return Capacity(capacity_tok_s, "--capacity"), (
-            f"one replica: {capacity_tok_s:,.1f} output tok/s (--capacity) = "
+        return Capacity(capacity_tok_s, origin), (
+            f"one replica: {capacity_tok_s:,.1f} output tok/s ({origin}) = "
             f"{capacity_tok_s / task.output_tokens:.4g} tasks/s at {task.output_tokens:,.0f} output tokens a task")
     if task.tasks_per_second is not None:
         tok_s = task.tasks_per_second * task.output_tokens
@@ -134,8 +136,10 @@ def replica_capacity(task: Task, capacity_tok_s: float | None) -> tuple[Capacity
 def price_task(task: Task, table, model_id: str, instance: str, *, tasks_per_month: float,
                slo_p99_ms: float | None = None, capacity_tok_s: float | None = None,
                hours_per_day: float = 24.0, min_replicas: int = 1, discount_pct: float = 0.0,
-               tier: str = "on_demand", eks_fixed_hourly: float = 0.0) -> dict[str, Any]:
-    """Dollars per task on every rung at ``tasks_per_month``, and each self-hosted rung's flip point."""
+               tier: str = "on_demand", eks_fixed_hourly: float = 0.0,
+               capacity_origin: str = "--capacity") -> dict[str, Any]:
+    """Dollars per task on every rung at ``tasks_per_month``, and each self-hosted rung's flip point
+    (``capacity_origin`` says where ``capacity_tok_s`` came from)."""
     from cost.breakeven import SECONDS_PER_HOUR
     from cost.fleet import build_fleets, make_traffic
 
@@ -145,7 +149,7 @@ def price_task(task: Task, table, model_id: str, instance: str, *, tasks_per_mon
     price = table.bedrock(model_id)
     bedrock_task = price.cost(task.input_tokens, task.output_tokens, tier)
     traffic, _ = make_traffic(task.mix, tokens_per_month=tasks_per_month * task.tokens, hours_per_day=hours_per_day)
-    capacity, capacity_note = replica_capacity(task, capacity_tok_s)
+    capacity, capacity_note = replica_capacity(task, capacity_tok_s, capacity_origin)
     assumptions = [
         f"one task = {task.calls:g} calls, {task.input_tokens:,.0f} input + {task.output_tokens:,.0f} output tokens "
         f"({task.origin})",
@@ -167,7 +171,8 @@ def price_task(task: Task, table, model_id: str, instance: str, *, tasks_per_mon
                         + ("" if meets else ": self-hosted rungs are left out of the cheapest; bench "
                            "again at a lower --concurrency to find the load that meets it"))
         elif slo_p99_ms is not None:
-            slo_note = "--capacity carries no program latency: whether it meets the p99 target is not known"
+            slo_note = (f"the capacity ({capacity_origin.split(':')[0]}) carries no program latency: whether "
+                        "it meets the p99 target is not known")
         inst = table.instance(instance)
         for fleet in build_fleets(table, inst, {}, capacity, min_replicas, discount_pct,
                                   eks_fixed_hourly=eks_fixed_hourly):

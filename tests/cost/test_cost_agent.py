@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from cost.hardware.predict import capacity_for
+
 REPO = Path(__file__).resolve().parents[2]
 PRICES = str(REPO / "cost" / "data" / "prices-2026-11-29.json")
 QWEN = "qwen.qwen3-32b-v1:0"
@@ -149,3 +151,30 @@ def test_a_trace_without_calls_is_refused(tmp_path):
     path.write_text(json.dumps({"schema": "spectrum.agent-trace/1", "calls": []}))
     done = cli("--trace", str(path), "--model", QWEN, "--instance", "ml.g5.xlarge", code=2)
     assert "has no calls" in done.stderr
+
+
+def test_a_trace_is_priced_on_a_capacity_from_specs_and_reuse_lowers_its_cost(trace):
+    """--hf-model: one replica's saturated output tok/s predicted at the task's mean call (10,000 in /
+    1,000 out over three calls), as `cost capacity` gives it; reused prompts make a task cheaper."""
+    args = ("--trace", str(trace), "--model", QWEN, "--instance", "ml.g6e.xlarge", "--hf-model", "Qwen/Qwen3-32B",
+            "--dtype", "fp8")
+    plain, reused = cli_json(*args), cli_json(*args, "--prefix-cache-hit-rate", "0.5")
+    _, spec = capacity_for("Qwen/Qwen3-32B", instance="g6e.xlarge", dtype="fp8", input_tokens=10_000 / 3,
+                           output_tokens=1_000 / 3)
+    note = next(a for a in plain["assumptions"] if a.startswith("one replica:"))
+    assert f"{spec['saturated_output_tok_s']:,.1f} output tok/s (specs: Qwen/Qwen3-32B (fp8) on 1× l40s" in note
+    assert "50% of prompt tokens from the prefix cache" in next(a for a in reused["assumptions"]
+                                                                if a.startswith("one replica:"))
+    assert rung(reused, 2)["per_task_at_full_load_usd"] < rung(plain, 2)["per_task_at_full_load_usd"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--bench", "BENCH", "--hf-model", "Qwen/Qwen3-32B"], "an agent bench carries its measured capacity"),
+    (["--trace", "TRACE", "--capacity", "500", "--hf-model", "Qwen/Qwen3-32B"], "not both"),
+    (["--trace", "TRACE", "--capacity", "500", "--prefix-cache-hit-rate", "0.3"], "give --hf-model"),
+])
+def test_a_capacity_from_specs_is_refused_where_another_is_given(trace, tmp_path, args, message):
+    bench = str(agent_bench(tmp_path))
+    args = [str(trace) if a == "TRACE" else bench if a == "BENCH" else a for a in args]
+    done = cli(*args, "--model", QWEN, "--instance", "ml.g6e.xlarge", code=2)
+    assert message in done.stderr
