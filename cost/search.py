@@ -65,6 +65,7 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
     ``best`` the cheapest meeting the SLO, else ``closest`` (highest attainment)."""
     from cost.hardware.predict import capacity_for
     from cost.simulate.capacity import check_hit_rate
+    from cost.simulate.prefix import check_one_source, prefix_of, reuse_bound
     from cost.traces import trace_from_args
 
     table = table_from(args)
@@ -74,6 +75,11 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
     dtypes = parse_list(args.dtypes, "--dtypes") or ["auto"]
     hit_rate = args.prefix_cache_hit_rate or 0.0
     check_hit_rate(hit_rate, "--prefix-cache-hit-rate")   # before any candidate reads it
+    prefix = prefix_of(trace, args.block_tokens)
+    check_one_source(prefix, hit_rate)
+    # The floors and the idle-TTFT filter must not exceed what a candidate can do: with the trace's
+    # blocks they take the most reuse any replica could see (each simulation finds its own).
+    bound_rate = reuse_bound(prefix, trace.input_tokens) if prefix is not None else hit_rate
     instances = candidate_instances(table, parse_list(args.instances, "--instances"))
     if not instances:
         raise BadInput("no priced GPU instance to search: widen --instances")
@@ -97,11 +103,12 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
             except BadInput as exc:
                 rows.append({**row, "status": "does not fit", "why": str(exc).split(". What fits")[0]})
                 continue
-            saturated = capacity.saturated_output_tok_s(mean_in, mean_out)
+            bound = capacity.with_prefix_cache(bound_rate)
+            saturated = bound.saturated_output_tok_s(mean_in, mean_out)
             row.update(tp=details["hardware"]["tp"], gpu=details["hardware"]["gpu"],
                        weights_dtype=details["model"]["dtype"], kv_cache_tokens=details["kv_cache_tokens"],
                        saturated_output_tok_s=round(saturated, 1),
-                       idle_ttft_ms=round(capacity.idle_ttft_s(p99_prompt) * 1000, 1),
+                       idle_ttft_ms=round(bound.idle_ttft_s(p99_prompt) * 1000, 1),
                        floor_usd=round(inst.sagemaker_hourly * max(span_h, output_tokens / saturated / 3600), 4))
             rows.append(row)
     fitting = sorted((r for r in rows if "floor_usd" in r), key=lambda r: r["floor_usd"])
@@ -143,9 +150,13 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
                                                                               -r["window_usd"]))
     return {"candidates": rows, "best": best, "closest": closest,
             "mix": {"input_tokens": round(mean_in, 1), "output_tokens": round(mean_out, 1)},
+            "prefix_reuse_bound": round(bound_rate, 4) if prefix is not None else None,
             "note": (f"each candidate is rung {SEARCH_LEVEL} (LMI on SageMaker) with TP = its GPUs and "
                      f"max_num_seqs {args.max_num_seqs or LMI_MAX_NUM_SEQS}; candidates are simulated cheapest "
-                     "floor first and pruned once their floor exceeds the best bill")}
+                     "floor first and pruned once their floor exceeds the best bill"
+                     + (f"; saturated rates and floors at the most reuse the trace's prompt blocks allow "
+                        f"({bound_rate:.1%} of prompt tokens), each simulation at its replicas' own hits"
+                        if prefix is not None else ""))}
 
 
 WORKERS = 2

@@ -23,9 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from cost.simulate.prefix import PrefixBlocks, hit_summary
+from cost.simulate.prefix import PrefixBlocks, check_one_source, hit_summary
 from cost.simulate.replica import BatchingReplica, Cancellation
-from options.core import BadInput
 
 if TYPE_CHECKING:
     from cost.simulate.timeouts import FrontDoor
@@ -113,10 +112,7 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
-    if prefix is not None and capacity.prefix_cache_hit_rate:
-        raise BadInput(f"the trace names its prompts' shared blocks (hash_ids), which give each request's "
-                       f"prefix-cache hits; --prefix-cache-hit-rate {capacity.prefix_cache_hit_rate:g} would "
-                       "count them twice: leave it out (or give it as 0 where a saved capacity model carries one)")
+    check_one_source(prefix, capacity.prefix_cache_hit_rate)
     n = len(arrival_s)
     arrivals = arrival_s.tolist()
     inputs = input_tokens.tolist()

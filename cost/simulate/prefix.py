@@ -86,3 +86,23 @@ def hit_summary(caches: Sequence[PrefixCache]) -> dict[str, Any]:
     hit = sum(c.hit for c in caches)
     return {"queried_tokens": int(queried), "hit_tokens": int(hit),
             "hit_rate": round(hit / queried, 4) if queried else None}
+
+
+def reuse_bound(prefix: PrefixBlocks, input_tokens: Sequence[int]) -> float:
+    """The most of the trace's prompt tokens any replica's cache could serve: one cache that sees
+    every request in order, forgets nothing and holds a prompt's blocks as soon as it arrives.
+    Replicas splitting the traffic, eviction and prompts prefilled side by side only lower it, so
+    a bound built on it (a search's cost floor) stays a bound."""
+    cache = PrefixCache(prefix, kv_cache_tokens=(1 << 62))
+    for request, prompt in enumerate(input_tokens):
+        cache.cached_tokens(request, int(prompt))
+        cache.store(request)
+    return cache.hit / cache.queried if cache.queried else 0.0
+
+
+def check_one_source(prefix: PrefixBlocks | None, hit_rate: float) -> None:
+    """A trace's blocks and a flat rate are two answers to one question: refuse both."""
+    if prefix is not None and hit_rate:
+        raise BadInput(f"the trace names its prompts' shared blocks (hash_ids), which give each request's "
+                       f"prefix-cache hits; --prefix-cache-hit-rate {hit_rate:g} would count them twice: leave "
+                       "it out (or give it as 0 where a saved capacity model carries one)")

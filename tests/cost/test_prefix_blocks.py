@@ -125,3 +125,17 @@ def test_predict_and_simulate_report_the_hits_of_a_trace_with_blocks(tmp_path):
     assert simulated["rungs"][0]["prefix_cache"]["hit_rate"] == round(hit / queried, 4)
     done = cost("predict", "--trace", chats, "--bench", str(bench), "--prefix-cache-hit-rate", "0.3")
     assert done.returncode == 2 and "would count them twice" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_the_search_bounds_its_floors_by_the_most_reuse_the_blocks_allow(tmp_path):
+    chats = str(chat_sessions(tmp_path / "chats.jsonl"))
+    hit, queried = expected_hits()
+    args = ("recommend", "--trace", chats, "--model", "meta.llama3-1-8b-instruct-v1:0", "--hf-model",
+            "meta-llama/Llama-3.1-8B-Instruct", "--instances", "g6e", "--slo-ttft-ms", "3000", "--slo-e2e-ms",
+            "60000", "--no-progress")
+    found = cost_json(*args)["search"]
+    # one cache that forgets nothing serves every later turn its earlier blocks: the bound is exact here
+    assert found["prefix_reuse_bound"] == round(hit / queried, 4)
+    assert found["best"]["status"] == "simulated" and "prompt blocks allow" in found["note"]
+    done = cost(*args, "--prefix-cache-hit-rate", "0.2")
+    assert done.returncode == 2 and "would count them twice" in done.stderr
