@@ -675,6 +675,12 @@ def render_simulation(data: dict[str, Any]) -> None:
             if o.get("commitment_usd") is not None:
                 console.print(f"  rung 1 Provisioned Throughput: the {o['policy']['term']} commitment bills "
                               f"${o['commitment_usd']:,.0f} whatever the traffic", highlight=False)
+    hits = [(r["level"], r["prefix_cache"]) for r in data["rungs"] if (r.get("prefix_cache") or {}).get("hit_rate")
+            is not None]
+    if hits:
+        console.print("prefix cache (the trace's prompt blocks, each replica its own): "
+                      + ", ".join(f"rung {level} {h['hit_rate']:.1%}" for level, h in hits)
+                      + " of prompt tokens served from it", highlight=False)
     for r in data["rungs"]:
         if r.get("spot_interruptions"):
             s, market = r["spot_interruptions"], r["policy"]["spot"]

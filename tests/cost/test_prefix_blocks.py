@@ -123,6 +123,10 @@ def test_predict_and_simulate_report_the_hits_of_a_trace_with_blocks(tmp_path):
                           "ml.g5.xlarge", "--bench", str(bench), "--rungs", "3", "--no-progress",
                           "--slo-ttft-ms", "2000", "--slo-e2e-ms", "60000")
     assert simulated["rungs"][0]["prefix_cache"]["hit_rate"] == round(hit / queried, 4)
+    table = cost("simulate", "--trace", chats, "--model", "meta.llama3-1-8b-instruct-v1:0", "--instance",
+                 "ml.g5.xlarge", "--bench", str(bench), "--rungs", "3", "--no-progress", "--slo-ttft-ms", "2000",
+                 "--slo-e2e-ms", "60000")
+    assert table.returncode == 0 and f"rung 3 {hit / queried:.1%}" in table.stdout
     done = cost("predict", "--trace", chats, "--bench", str(bench), "--prefix-cache-hit-rate", "0.3")
     assert done.returncode == 2 and "would count them twice" in done.stderr and "Traceback" not in done.stderr
 
