@@ -85,7 +85,9 @@ def add_trace_simulation_arguments(s: argparse.ArgumentParser, add_pricing=None,
     fl.add_argument("--routing", choices=ROUTINGS,
                     help="how requests pick a replica on every self-hosted rung (default: each platform's own: "
                          "random for SageMaker and the Service in front of rung 6's pods, power_of_two for "
-                         "--rung6-autoscaler ray-serve, Ray Serve's router)")
+                         "--rung6-autoscaler ray-serve, Ray Serve's router); affinity: the gateway's session "
+                         "affinity with bounded loads, a request's session the first of its prompt blocks (a "
+                         "trace with Mooncake hash_ids)")
     fl.add_argument("--min-instances", type=int, metavar="N", help="fleet floor (default 1)")
     fl.add_argument("--max-instances", type=int, metavar="N", help="fleet ceiling (default: twice the peak minute's need + 1)")
     fl.add_argument("--scale-to-zero", action="store_true",

@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from cost.simulate.prefix import PrefixBlocks, check_one_source, hit_summary
+from options.core.affinity import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, bounded_order
+from cost.simulate.prefix import PrefixBlocks, check_one_source, hit_summary, session_keys
 from cost.simulate.replica import BatchingReplica, Cancellation
 
 if TYPE_CHECKING:
@@ -37,7 +38,7 @@ STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_
 # How a request picks a serving replica: uniformly at random (SageMaker's default, kube-proxy's
 # Service), the one with the fewest outstanding requests (SageMaker's LEAST_OUTSTANDING_REQUESTS),
 # or the fewer of two drawn at random (Ray Serve's default router, "power of two choices").
-ROUTINGS = ("random", "least_outstanding", "power_of_two")
+ROUTINGS = ("random", "least_outstanding", "power_of_two", "affinity")
 
 
 @dataclass(eq=False)
@@ -109,10 +110,15 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
     a first replica past its deadline is dropped there (its client left before any engine saw it).
     ``prefix`` (the trace's prompt blocks, ``cost.simulate.prefix``) gives each replica its own
     prefix cache of them; a capacity model's flat ``prefix_cache_hit_rate`` cannot be given too.
+    Routing ``affinity`` places each request as the gateway does (``options.core.affinity``:
+    its session's replica, under bounded loads), its session the first of its prompt blocks;
+    a request without blocks goes to the replica with the fewest outstanding, as the gateway
+    sends a request naming no session.
     """
     if routing not in ROUTINGS:
         raise ValueError(f"routing {routing!r}: one of {ROUTINGS}")
     check_one_source(prefix, capacity.prefix_cache_hit_rate)
+    sessions = session_keys(prefix, len(arrival_s)) if routing == "affinity" else None
     n = len(arrival_s)
     arrivals = arrival_s.tolist()
     inputs = input_tokens.tolist()
@@ -290,6 +296,12 @@ def run_fleet(arrival_s: np.ndarray, input_tokens: np.ndarray, output_tokens: np
         if routing == "random" or len(serving) == 1:
             rep = serving[int(picks[i] * len(serving))]
             rep.advance_to(t)
+        elif sessions is not None and sessions[i] is not None:     # the gateway's session affinity
+            for r in serving:
+                r.advance_to(t)
+            order, _ = bounded_order(sessions[i], [f"node-{node_index[id(r)]}" for r in serving],
+                                     [r.outstanding for r in serving], DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR)
+            rep = serving[order[0]]
         elif seconds is not None:       # two distinct replicas, the first kept on a tie
             first_pick = int(picks[i] * len(serving))
             other = int(seconds[i] * (len(serving) - 1))

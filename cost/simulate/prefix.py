@@ -106,3 +106,13 @@ def check_one_source(prefix: PrefixBlocks | None, hit_rate: float) -> None:
         raise BadInput(f"the trace names its prompts' shared blocks (hash_ids), which give each request's "
                        f"prefix-cache hits; --prefix-cache-hit-rate {hit_rate:g} would count them twice: leave "
                        "it out (or give it as 0 where a saved capacity model carries one)")
+
+
+def session_keys(prefix: PrefixBlocks | None, requests: int) -> list[str | None]:
+    """Each request's session for affinity routing: the first of its prompt blocks (the requests
+    of one conversation or agent program share it, as they share the session id the gateway is
+    sent), None where it has none."""
+    if prefix is None:
+        raise BadInput("--routing affinity sends each session to its replica, and takes a request's session from "
+                       "the first of its prompt blocks: give a trace that names them (Mooncake hash_ids)")
+    return [str(blocks[0]) if blocks else None for blocks in list(prefix.blocks)[:requests]]

@@ -46,9 +46,9 @@ def expected_hits() -> tuple[int, int]:
     return hit, queried
 
 
-def simulate(trace, capacity=ROOMY, replicas=1, prefix=True):
+def simulate(trace, capacity=ROOMY, replicas=1, prefix=True, routing="random"):
     return run_fleet(trace.arrival_s, trace.input_tokens, trace.output_tokens, capacity, Fixed(replicas),
-                     span_s=trace.span_s, prefix=prefix_of(trace, BLOCK) if prefix else None)
+                     span_s=trace.span_s, prefix=prefix_of(trace, BLOCK) if prefix else None, routing=routing)
 
 
 def test_a_cache_hits_the_leading_run_it_holds_and_never_the_last_token():
@@ -143,3 +143,17 @@ def test_the_search_bounds_its_floors_by_the_most_reuse_the_blocks_allow(tmp_pat
     assert found["best"]["status"] == "simulated" and "prompt blocks allow" in found["note"]
     done = cost(*args, "--prefix-cache-hit-rate", "0.2")
     assert done.returncode == 2 and "would count them twice" in done.stderr
+
+
+def test_the_gateways_affinity_keeps_each_session_on_its_replica_and_its_hits_with_it(tmp_path):
+    """Three replicas: random routing scatters a session's turns and their hits; the gateway's
+    affinity (its session the first prompt block) sends each session to one replica, which then
+    serves every later turn its earlier blocks, as one replica did."""
+    trace = read_trace(chat_sessions(tmp_path / "chats.jsonl"))
+    one = simulate(trace).prefix_cache["hit_rate"]
+    assert simulate(trace, replicas=3, routing="affinity").prefix_cache["hit_rate"] == one
+    assert simulate(trace, replicas=3).prefix_cache["hit_rate"] < one
+    azure = tmp_path / "azure.csv"
+    azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n")
+    with pytest.raises(BadInput, match=r"--routing affinity .* give a trace that names them"):
+        simulate(read_trace(azure), replicas=2, prefix=False, routing="affinity")

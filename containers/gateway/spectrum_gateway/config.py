@@ -15,6 +15,8 @@ from typing import Any
 
 import yaml
 
+from options.core.affinity import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR
+
 from .http1 import (DEFAULT_MAX_CONNECTIONS, DEFAULT_MAX_ERROR_BODY_BYTES,
                     DEFAULT_MAX_HEADER_BYTES, parse_proxy, tls_context)
 
@@ -24,10 +26,8 @@ DEFAULT_MAX_BODY_BYTES = 6 * 1024 * 1024
 DEFAULT_MAX_TOKENS = 1024
 # How an upstream's replicas share requests (``balance``); see routing.Replicas.
 BALANCES = ("affinity", "least_in_flight", "round_robin")
-# A session may hold a replica while it has fewer than this × the mean in-flight per replica.
-DEFAULT_LOAD_BOUND = 1.25
-# ... and in any case while it has fewer than this many in flight.
-DEFAULT_LOAD_FLOOR = 8
+# A session may hold a replica while it has fewer than DEFAULT_LOAD_BOUND × the mean in-flight per
+# replica, and in any case while it has fewer than DEFAULT_LOAD_FLOOR (options.core.affinity).
 # A replica that refused, timed out or answered 5xx is skipped this long.
 DEFAULT_EJECT_S = 5.0
 # A session's attained count is forgotten this long after its last request.

@@ -9,21 +9,19 @@ weight moves only the tenants it has to.
 """
 from __future__ import annotations
 
-import hashlib
 import math
+
+from options.core.affinity import bounded_order, load_cap, preference, unit_hash
 
 from .config import Model, Upstream
 
-
-def _unit_hash(*parts: str) -> float:
-    digest = hashlib.blake2b("\0".join(parts).encode(), digest_size=8).digest()
-    return (int.from_bytes(digest, "big") + 1) / (2 ** 64 + 2)     # strictly inside (0, 1)
+__all__ = ["Replicas", "attempts", "bounded_order", "canary_choice", "load_cap", "preference"]
 
 
 def canary_choice(model: Model, tenant: str) -> Upstream:
     """The weighted, sticky pick among the upstreams with weight > 0."""
     return max((u for u in model.upstreams if u.weight > 0),
-               key=lambda u: -u.weight / math.log(_unit_hash(tenant, model.name, u.name)))
+               key=lambda u: -u.weight / math.log(unit_hash(tenant, model.name, u.name)))
 
 
 def attempts(model: Model, tenant: str) -> list[Upstream]:
@@ -41,41 +39,9 @@ def attempts(model: Model, tenant: str) -> list[Upstream]:
 
 # ------------------------------------------------------------------------------ replicas
 #
-# An upstream with ``urls`` has several replicas. A request that names a session
-# (``x-session-id``, or OpenAI's ``user``) goes to the replica its session hashes to, so a
-# program's growing prompt finds its prefix in that replica's KV cache; consistent hashing
-# with bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018) keeps one hot session group from
-# overloading it: a replica may take a session's request only while it has fewer than
-# ``max(floor, ceil(c × (in flight + 1) / replicas))`` requests in flight, else the session's
-# next choice does. The floor keeps a lightly loaded set from scattering sessions: with two
-# requests in flight, "1.25 × the mean" is one, and a vLLM replica batches far more than that
-# at almost no cost per request. The hash is rendezvous (each replica scores the session; the order of scores is the
-# session's order of preference), so adding a replica moves only the sessions that now
-# prefer it (about 1/n), and an overloaded replica's overflow spreads over the others
-# instead of piling onto one ring neighbour.
-
-
-def preference(session: str, replicas: list[str]) -> list[int]:
-    """The replicas' indices in ``session``'s order of preference (the same everywhere)."""
-    return sorted(range(len(replicas)), key=lambda i: _unit_hash(session, replicas[i]),
-                  reverse=True)
-
-
-def load_cap(load_bound: float, in_flight: int, replicas: int, floor: int = 1) -> int:
-    """The most requests one replica may hold before a session's request goes elsewhere:
-    ``c`` times the mean after this request is placed, and never under ``floor``."""
-    return max(1, floor, math.ceil(load_bound * (in_flight + 1) / replicas))
-
-
-def bounded_order(session: str, replicas: list[str], loads: list[int], load_bound: float,
-                  floor: int = 1) -> tuple[list[int], bool]:
-    """Where to try ``session``'s request: the first replica in its preference that is under
-    the load cap, then the rest in preference order (for failover). Also whether that is the
-    session's own first choice (False: it spilled over the bound)."""
-    prefs = preference(session, replicas)
-    cap = load_cap(load_bound, sum(loads[i] for i in prefs), len(prefs), floor)
-    chosen = next((i for i in prefs if loads[i] < cap), prefs[0])
-    return [chosen] + [i for i in prefs if i != chosen], chosen == prefs[0]
+# An upstream with ``urls`` has several replicas; a request that names a session (``x-session-id``,
+# or OpenAI's ``user``) goes to its session's replica, with bounded loads
+# (``options.core.affinity`` says how and why; the simulator places sessions with it too).
 
 
 class Replicas:
