@@ -41,14 +41,14 @@ def add_spec_arguments(p: argparse.ArgumentParser, model_flag: str = "--model", 
 
 
 def add_prefix_cache_argument(p: argparse.ArgumentParser) -> None:
-    """``--prefix-cache-hit-rate``: the traffic's reuse of prompts, for any capacity (specs or bench)."""
-    if any(a.dest == "prefix_cache_hit_rate" for a in p._actions):
-        return
+    """``--prefix-cache-hit-rate``: the traffic's reuse of prompts, for any capacity model (from
+    specs or a bench), so it sits beside the spec flags, not among them."""
     p.add_argument("--prefix-cache-hit-rate", type=float, metavar="F",
-                   help="share of prompt tokens vLLM's prefix cache serves (0 to < 1; default: every prompt new, "
-                        "or what a saved capacity model carries). Shared system prompts, multi-turn chats and agents re-sending their context reuse "
-                        "prompts; vLLM reports it as prefix_cache_hits / prefix_cache_queries, and `python -m "
-                        "options.bench` replays print it. Cached tokens cost no prefill, but stay in the KV cache")
+                   help="share of prompt tokens vLLM's prefix cache serves (0 to < 1; default: every prompt "
+                        "new, or what a saved capacity model carries). Shared system prompts, multi-turn chats "
+                        "and agents re-sending their context reuse prompts; vLLM reports it as "
+                        "prefix_cache_hits / prefix_cache_queries, and `python -m options.bench` replays print "
+                        "it. Cached tokens cost no prefill, but stay in the KV cache")
 
 
 def capacity_from_spec_args(args, input_tokens=None, output_tokens=None):
@@ -191,8 +191,8 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
     from cost.simulate.capacity import load_capacity
     from cost.simulate.fleet import SERVED, run_fleet
     from cost.simulate.prefix import prefix_of
-    from cost.traces import trace_from_args
     from cost.simulate.scaling import Fixed
+    from cost.traces import trace_from_args
 
     if (args.bench is None) == (args.spec_model is None):
         raise BadInput("give the capacity as --bench FILE or as --model M with --gpu/--instance (one of them)")
@@ -203,7 +203,8 @@ def cmd_predict(args) -> tuple[dict[str, Any], Any]:
         raise BadInput("give --trace FILE: the requests whose latency to predict")
     mean_in, mean_out = float(trace.input_tokens.mean()), float(trace.output_tokens.mean())
     if args.bench:
-        capacity, origin = load_capacity(args.bench).with_prefix_cache(args.prefix_cache_hit_rate), {"bench": args.bench}
+        capacity = load_capacity(args.bench).with_prefix_cache(args.prefix_cache_hit_rate)
+        origin = {"bench": args.bench}
     else:
         capacity, details = capacity_from_spec_args(args, mean_in, mean_out)
         origin = {k: details[k] for k in ("model", "hardware", "kv_cache_tokens", "assumptions")}

@@ -73,7 +73,7 @@ class BatchingReplica:
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
                  "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled",
-                 "frontend_s", "frontend_free", "admitting", "cached", "prefix_cache")
+                 "frontend_s", "frontend_free", "admitting", "flat_cached", "prefix_cache")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
                  cancel: Cancellation | None = None, prefix: PrefixBlocks | None = None) -> None:
@@ -91,7 +91,7 @@ class BatchingReplica:
         # From the trace's prompt blocks where it names them (this replica's own cache of them),
         # else the capacity model's flat share.
         self.prefix_cache = PrefixCache(prefix, capacity.kv_cache_tokens) if prefix is not None else None
-        self.cached = capacity.cached_prompt_tokens if capacity.prefix_cache_hit_rate else None
+        self.flat_cached = capacity.cached_prompt_tokens if capacity.prefix_cache_hit_rate else None
         self.on_finish = on_finish
         self.clock = now            # time of the last step boundary (or when it went idle)
         self.step = 0               # steps completed so far
@@ -294,7 +294,7 @@ class BatchingReplica:
         """How much of a prompt being admitted the prefix cache serves."""
         if self.prefix_cache is not None:
             return self.prefix_cache.cached_tokens(request, self.inputs[request])
-        return self.cached(self.inputs[request]) if self.cached else 0
+        return self.flat_cached(self.inputs[request]) if self.flat_cached else 0
 
     def _can_admit(self, request: int) -> bool:
         running = self.decoding + len(self.prefilling)
