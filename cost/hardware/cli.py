@@ -147,7 +147,9 @@ def render_capacity(data: dict[str, Any]) -> None:
     mix = data["mix"]
     t.add_row("sequences at once", f"{data['max_concurrent_seqs']:,} at {mix['input_tokens']:,.0f} in / "
                                    f"{mix['output_tokens']:,.0f} out (max_num_seqs {mem['max_num_seqs']})")
-    t.add_row("saturated output", f"{data['saturated_output_tok_s']:,.0f} tok/s")
+    reuse = (data.get("capacity") or {}).get("prefix_cache_hit_rate")
+    t.add_row("saturated output", f"{data['saturated_output_tok_s']:,.0f} tok/s"
+              + (f" ({reuse:.0%} of prompt tokens from the prefix cache)" if reuse else ""))
     if "at_concurrency" in data:
         a = data["at_concurrency"]
         t.add_row(f"at concurrency {a['concurrency']}", f"TTFT {a['ttft_ms']:,.1f} ms, TPOT {a['tpot_ms']:,.2f} ms, "

@@ -94,6 +94,8 @@ def test_capacity_and_predict_take_the_rate_from_specs_or_a_bench(tmp_path):
     plain = cost_json("capacity", "--model", LLAMA, "--gpu", "h100", "--input-tokens", "2000", "--output-tokens",
                       "200")
     assert spec["capacity"]["prefix_cache_hit_rate"] == 0.6
+    table = cost("capacity", "--model", LLAMA, "--gpu", "h100", "--prefix-cache-hit-rate", "0.6")
+    assert table.returncode == 0 and "(60% of prompt tokens from the prefix cache)" in table.stdout
     assert spec["saturated_output_tok_s"] > plain["saturated_output_tok_s"]
     bench = tmp_path / "cap.json"
     bench.write_text(json.dumps(plain["capacity"]))
