@@ -11,10 +11,11 @@ blocks already computed: the rest is prefilled as usual. Blocks enter the cache 
 prompt that computes them finishes its prefill, so two prompts prefilled side by side do not
 share (as in vLLM, whose blocks are reusable once computed).
 
-Simplified, and on which side: the cache may hold as many blocks as the whole KV cache, though
-running requests take part of it (the optimistic side on a busy replica); a hit counts whole
-blocks of the trace's granularity (vLLM's are 16 tokens, so it matches finer); the prompt's last
-token is always computed.
+Blocks a running request uses are never evicted (as in vLLM); the others stay while they fit
+the KV cache the running requests leave free, the replica's reserve for their whole prompts and
+answers (the cautious side: vLLM allocates as tokens come, and blocks shared by several running
+requests are reserved for each). A hit counts whole blocks of the trace's granularity (vLLM's
+are 16 tokens, so it matches finer); the prompt's last token is always computed.
 """
 from __future__ import annotations
 
@@ -34,22 +35,30 @@ class PrefixBlocks:
 
 class PrefixCache:
     """One replica's cached prompt blocks (see the module docstring); counts tokens queried and hit
-    as vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` do."""
+    as vLLM's ``prefix_cache_queries`` / ``prefix_cache_hits`` do.
 
-    __slots__ = ("blocks", "block_tokens", "capacity", "lru", "queried", "hit")
+    A block a running request uses stays (vLLM never evicts a block in use); the others are
+    kept, least recently used out first, while they fit the KV cache the running requests leave
+    free (``fit``)."""
 
-    def __init__(self, prefix: PrefixBlocks, kv_cache_tokens: int) -> None:
+    __slots__ = ("blocks", "block_tokens", "lru", "in_use", "free_cached", "queried", "hit")
+
+    def __init__(self, prefix: PrefixBlocks) -> None:
         self.blocks, self.block_tokens = prefix.blocks, prefix.block_tokens
-        self.capacity = max(0, kv_cache_tokens // prefix.block_tokens)
-        self.lru: OrderedDict[int, None] = OrderedDict()
+        self.lru: OrderedDict[int, None] = OrderedDict()   # every cached block, oldest use first
+        self.in_use: dict[int, int] = {}                     # block -> running requests using it
+        self.free_cached = 0                                 # cached blocks no running request uses
         self.queried = 0
         self.hit = 0
 
-    def cached_tokens(self, request: int, prompt_tokens: int) -> int:
-        """The leading prompt tokens this replica's cache serves request ``request`` (refreshing
-        the blocks it hits)."""
+    def _own(self, request: int) -> dict[int, None]:
+        return dict.fromkeys(self.blocks[request])          # its blocks, each once, in order
+
+    def admit(self, request: int, prompt_tokens: int) -> int:
+        """Request ``request`` starts: the leading prompt tokens the cache serves it (the longest
+        run of its blocks held), and its blocks are in use until ``release``."""
         run = 0
-        for block in self.blocks[request]:
+        for block in self._own(request):
             if block not in self.lru:
                 break
             self.lru.move_to_end(block)
@@ -57,16 +66,43 @@ class PrefixCache:
         cached = min(run * self.block_tokens, max(0, prompt_tokens - 1))
         self.queried += prompt_tokens
         self.hit += cached
+        for block in self._own(request):
+            if not self.in_use.get(block) and block in self.lru:
+                self.free_cached -= 1
+            self.in_use[block] = self.in_use.get(block, 0) + 1
         return cached
 
     def store(self, request: int) -> None:
-        """Request ``request``'s prompt is computed: its blocks are the most recently used."""
-        lru = self.lru
-        for block in self.blocks[request]:
-            lru[block] = None
-            lru.move_to_end(block)
-        while len(lru) > self.capacity:
-            lru.popitem(last=False)
+        """Request ``request``'s prompt is computed: its blocks are cached, the most recently used."""
+        for block in self._own(request):
+            if block not in self.lru:
+                self.lru[block] = None
+                if not self.in_use.get(block):
+                    self.free_cached += 1
+            self.lru.move_to_end(block)
+
+    def release(self, request: int) -> None:
+        """Request ``request`` has left the engine (finished or dropped): its blocks are free to evict."""
+        for block in self._own(request):
+            left = self.in_use[block] - 1
+            if left:
+                self.in_use[block] = left
+            else:
+                del self.in_use[block]
+                if block in self.lru:
+                    self.free_cached += 1
+
+    def fit(self, free_tokens: float) -> None:
+        """Evict the least recently used blocks no running request uses until the rest fit in
+        ``free_tokens`` (the KV cache the running requests leave)."""
+        if self.free_cached * self.block_tokens <= free_tokens:
+            return
+        for block in list(self.lru):
+            if self.free_cached * self.block_tokens <= free_tokens:
+                break
+            if not self.in_use.get(block):
+                del self.lru[block]
+                self.free_cached -= 1
 
 
 def prefix_of(trace, block_tokens: int) -> PrefixBlocks | None:
@@ -93,10 +129,11 @@ def reuse_bound(prefix: PrefixBlocks, input_tokens: Sequence[int]) -> float:
     every request in order, forgets nothing and holds a prompt's blocks as soon as it arrives.
     Replicas splitting the traffic, eviction and prompts prefilled side by side only lower it, so
     a bound built on it (a search's cost floor) stays a bound."""
-    cache = PrefixCache(prefix, kv_cache_tokens=(1 << 62))
+    cache = PrefixCache(prefix)
     for request, prompt in enumerate(input_tokens):
-        cache.cached_tokens(request, int(prompt))
+        cache.admit(request, int(prompt))
         cache.store(request)
+        cache.release(request)
     return cache.hit / cache.queried if cache.queried else 0.0
 
 

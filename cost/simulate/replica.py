@@ -90,7 +90,7 @@ class BatchingReplica:
         # A prompt's leading tokens the prefix cache serves: computed already when it is admitted.
         # From the trace's prompt blocks where it names them (this replica's own cache of them),
         # else the capacity model's flat share.
-        self.prefix_cache = PrefixCache(prefix, capacity.kv_cache_tokens) if prefix is not None else None
+        self.prefix_cache = PrefixCache(prefix) if prefix is not None else None
         self.flat_cached = capacity.cached_prompt_tokens if capacity.prefix_cache_hit_rate else None
         self.on_finish = on_finish
         self.clock = now            # time of the last step boundary (or when it went idle)
@@ -268,6 +268,7 @@ class BatchingReplica:
                 self.prefilling.remove(entry)
                 if self.prefix_cache is not None:
                     self.prefix_cache.store(request)     # its blocks are computed: later prompts may hit them
+                    self.prefix_cache.fit(self.kv_capacity - self.reserved)
                 if self.cancel is not None and not self._keeps(request, end):
                     continue
                 self.first_token_at[request] = end
@@ -285,16 +286,30 @@ class BatchingReplica:
                 self.cancelled.discard(request)
                 continue
             self.decoding -= 1
-            prompt = self.inputs[request]
-            self.kv -= prompt + 1 + self.step - self.decode_started.pop(request)
-            self.reserved -= prompt + self.outputs[request]
+            self.kv -= self.inputs[request] + 1 + self.step - self.decode_started.pop(request)
+            self._free(request)
             self.on_finish(request, self.first_token_at.pop(request), self.clock)
 
-    def _cached(self, request: int) -> int:
-        """How much of a prompt being admitted the prefix cache serves."""
+    def _admit(self, request: int) -> list[int]:
+        """A request leaves the queue for the batch: its reserve (whole prompt and answer), and its
+        prefilling entry, with what of its prompt the prefix cache serves already computed."""
+        self.reserved += self.inputs[request] + self.outputs[request]
+        cache = self.prefix_cache
+        if cache is not None:
+            cached = cache.admit(request, self.inputs[request])
+            cache.fit(self.kv_capacity - self.reserved)
+        else:
+            cached = self.flat_cached(self.inputs[request]) if self.flat_cached else 0
+        entry = [request, cached]
+        self.prefilling.append(entry)
+        return entry
+
+    def _free(self, request: int) -> None:
+        """A request leaves the batch (finished or dropped): its reserve, and its cached blocks'
+        use, go."""
+        self.reserved -= self.inputs[request] + self.outputs[request]
         if self.prefix_cache is not None:
-            return self.prefix_cache.cached_tokens(request, self.inputs[request])
-        return self.flat_cached(self.inputs[request]) if self.flat_cached else 0
+            self.prefix_cache.release(request)
 
     def _can_admit(self, request: int) -> bool:
         running = self.decoding + len(self.prefilling)
@@ -316,9 +331,7 @@ class BatchingReplica:
             room -= chunk
         while room > 0 and self.queue and self._can_admit(self.queue[0]):
             request = self.queue.popleft()
-            entry = [request, self._cached(request)]
-            self.prefilling.append(entry)
-            self.reserved += self.inputs[request] + self.outputs[request]
+            entry = self._admit(request)
             chunk = min(self.inputs[request] - entry[1], room)
             plan.append((entry, chunk))
             room -= chunk
@@ -339,7 +352,7 @@ class BatchingReplica:
         cancel = self.cancel
         self.waiting_first.discard(request)
         if end > cancel.first_deadline(request):
-            self.reserved -= self.inputs[request] + self.outputs[request]
+            self._free(request)
             cancel.on_abort(request, end)
             return False
         if cancel.e2e_s is not None and not cancel.drops_waiting:
@@ -368,11 +381,10 @@ class BatchingReplica:
             self.cancelled.discard(heapq.heappop(self.finish_heap)[1])
 
     def _drop(self, request: int) -> None:
-        prompt, answer = self.inputs[request], self.outputs[request]
         if request in self.decode_started:
             self.decoding -= 1
-            self.kv -= prompt + 1 + self.step - self.decode_started.pop(request)
-            self.reserved -= prompt + answer
+            self.kv -= self.inputs[request] + 1 + self.step - self.decode_started.pop(request)
+            self._free(request)
             del self.first_token_at[request]
             self.cancelled.add(request)
         else:
@@ -380,7 +392,7 @@ class BatchingReplica:
             entry = next((e for e in self.prefilling if e[0] == request), None)
             if entry is not None:
                 self.prefilling.remove(entry)
-                self.reserved -= prompt + answer
+                self._free(request)
             elif self.queue[0] == request:
                 self.queue.popleft()
             else:

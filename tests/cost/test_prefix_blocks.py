@@ -52,20 +52,30 @@ def simulate(trace, capacity=ROOMY, replicas=1, prefix=True, routing="random"):
 
 
 def test_a_cache_hits_the_leading_run_it_holds_and_never_the_last_token():
-    cache = PrefixCache(PrefixBlocks([(1, 2, 3), (1, 2, 9), (7, 2, 3), (1, 2)], BLOCK), kv_cache_tokens=10 * BLOCK)
-    assert cache.cached_tokens(0, 3 * BLOCK) == 0          # nothing computed yet
+    cache = PrefixCache(PrefixBlocks([(1, 2, 3), (1, 2, 9), (7, 2, 3), (1, 2)], BLOCK))
+    assert cache.admit(0, 3 * BLOCK) == 0                  # nothing computed yet
     cache.store(0)
-    assert cache.cached_tokens(1, 3 * BLOCK) == 2 * BLOCK  # 1, 2 held; 9 not
-    assert cache.cached_tokens(2, 3 * BLOCK) == 0          # a different first block: no run
-    assert cache.cached_tokens(3, 2 * BLOCK) == 2 * BLOCK - 1   # all of it held: the last token is computed
+    cache.release(0)
+    assert cache.admit(1, 3 * BLOCK) == 2 * BLOCK          # 1, 2 held; 9 not
+    assert cache.admit(2, 3 * BLOCK) == 0                  # a different first block: no run
+    assert cache.admit(3, 2 * BLOCK) == 2 * BLOCK - 1      # all of it held: the last token is computed
     assert (cache.hit, cache.queried) == (4 * BLOCK - 1, 11 * BLOCK)
 
 
-def test_the_least_recently_used_blocks_go_when_the_kv_cache_is_full():
-    cache = PrefixCache(PrefixBlocks([(1, 2), (3, 4), (1, 2)], BLOCK), kv_cache_tokens=3 * BLOCK)
-    cache.store(0)
-    cache.store(1)                                         # 1 is evicted (4 blocks in room for 3)
-    assert cache.cached_tokens(2, 2 * BLOCK) == 0          # its run starts at the evicted block
+def test_the_least_recently_used_free_blocks_go_and_blocks_in_use_stay():
+    cache = PrefixCache(PrefixBlocks([(1, 2), (3, 4), (1, 2), (5, 6)], BLOCK))
+    for request in (0, 1):
+        cache.admit(request, 2 * BLOCK)
+        cache.store(request)
+        cache.release(request)
+    cache.fit(3 * BLOCK)                                   # room for three of the four
+    assert cache.admit(2, 2 * BLOCK) == 0                  # block 1, the oldest, went
+    cache.store(2)                                         # 1 and 2 again, in use by request 2
+    cache.fit(0)                                           # no room: every free block goes ...
+    assert list(cache.lru) == [1, 2]                       # ... but not those a running request uses
+    cache.release(2)
+    cache.fit(0)
+    assert not cache.lru and cache.free_cached == 0
 
 
 def test_one_replica_serves_every_later_turn_its_earlier_blocks(tmp_path):
