@@ -160,7 +160,9 @@ def rung6_autoscaling(args) -> tuple[str, dict[str, Any]]:
 
 
 ROUTING_WORDS = {"random": "at random", "least_outstanding": "to the replica with the fewest outstanding requests",
-                 "power_of_two": "by Ray Serve's power of two choices"}
+                 "power_of_two": "by Ray Serve's power of two choices",
+                 "affinity": "by the gateway's session affinity under bounded loads (a request's session: the "
+                             "first of its prompt blocks; without blocks, to the fewest outstanding)"}
 
 
 def routing_text(args) -> str:

@@ -167,3 +167,9 @@ def test_the_gateways_affinity_keeps_each_session_on_its_replica_and_its_hits_wi
     azure.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 18:15:46.6805900,100,10\n")
     with pytest.raises(BadInput, match=r"--routing affinity .* give a trace that names them"):
         simulate(read_trace(azure), replicas=2, prefix=False, routing="affinity")
+    # and through the CLI, every rung routed so and said so
+    data = cost_json("simulate", "--trace", str(tmp_path / "chats.jsonl"), "--model", "meta.llama3-1-8b-instruct-v1:0",
+                     "--instance", "ml.g5.xlarge", "--capacity", "1500", "--routing", "affinity", "--no-progress",
+                     "--slo-ttft-ms", "2000", "--slo-e2e-ms", "60000")
+    assert any("gateway's session affinity" in a for a in data["assumptions"])
+    assert all(r["prefix_cache"]["hit_rate"] == round(one, 4) for r in data["rungs"] if "prefix_cache" in r)
