@@ -16,7 +16,8 @@ import numpy as np
 from cost.hardware import catalog, gpus as gpu_table
 from cost.hardware.memory import VLLM_DEFAULTS_SOURCE, EngineFlags, plan_memory
 from cost.hardware.roofline import efficiency, step_model
-from cost.simulate.capacity import CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS, CapacityModel, check_hit_rate
+from cost.simulate.capacity import (CHAT_INPUT_TOKENS, CHAT_OUTPUT_TOKENS, CapacityModel, check_hit_rate,
+                                    reuse_note)
 from options.core import BadInput
 
 DTYPES = ("auto", "bf16", "fp16", "fp8", "fp4", "int4")
@@ -99,8 +100,7 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
         raise DoesNotFit(_not_fit_message(spec, where, plan, gpu_spec, tp, weights_dtype, kv_dtype, flags,
                                           count, inst))
     eff = efficiency_override or efficiency(gpu_spec.family)
-    source = f"specs: {where}, {eff.source.split(':')[0]}" + (
-        f"; {prefix_cache_hit_rate:.0%} of prompt tokens from the prefix cache" if prefix_cache_hit_rate else "")
+    source = f"specs: {where}, {eff.source.split(':')[0]}" + reuse_note(prefix_cache_hit_rate)
     capacity, assumptions = step_model(spec, gpu_spec, tp, weights_dtype, plan, eff, link, link_gb_s,
                                        mix_in, source, prefix_cache_hit_rate)
     assumptions = [

@@ -177,8 +177,7 @@ class CapacityModel:
         if hit_rate is None or hit_rate == self.prefix_cache_hit_rate:
             return self
         check_hit_rate(hit_rate, "--prefix-cache-hit-rate")
-        return replace(self, prefix_cache_hit_rate=float(hit_rate),
-                       source=f"{self.source}; {hit_rate:.0%} of prompt tokens from the prefix cache")
+        return replace(self, prefix_cache_hit_rate=float(hit_rate), source=self.source + reuse_note(hit_rate))
 
     # --- the step ----------------------------------------------------------------------------
 
@@ -433,6 +432,11 @@ def saturation_terms(batch: float, input_tokens: float, output_tokens: float,
     b, i, o = batch, input_tokens, output_tokens
     c = i if computed_input_tokens is None else computed_input_tokens
     return [1.0 / b, 1.0, i + o / 2, c / o, 0.0]
+
+
+def reuse_note(hit_rate: float) -> str:
+    """What a capacity's source adds for the prompts the prefix cache serves ('' for none)."""
+    return f"; {hit_rate:.0%} of prompt tokens from the prefix cache" if hit_rate else ""
 
 
 def check_hit_rate(value: Any, what: str) -> None:

@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from options.core.affinity import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, bounded_order
 from cost.simulate.prefix import PrefixBlocks, check_one_source, hit_summary, session_keys
 from cost.simulate.replica import BatchingReplica, Cancellation
+from options.core.affinity import DEFAULT_LOAD_BOUND, DEFAULT_LOAD_FLOOR, bounded_order
 
 if TYPE_CHECKING:
     from cost.simulate.timeouts import FrontDoor
@@ -37,7 +37,8 @@ STATUS_NAMES = {SERVED: "served", NO_CAPACITY: "no_capacity", TIMED_OUT: "timed_
                 INTERRUPTED: "interrupted"}
 # How a request picks a serving replica: uniformly at random (SageMaker's default, kube-proxy's
 # Service), the one with the fewest outstanding requests (SageMaker's LEAST_OUTSTANDING_REQUESTS),
-# or the fewer of two drawn at random (Ray Serve's default router, "power of two choices").
+# the fewer of two drawn at random (Ray Serve's default router, "power of two choices"), or the
+# session's own replica under bounded loads (the gateway's affinity, options.core.affinity).
 ROUTINGS = ("random", "least_outstanding", "power_of_two", "affinity")
 
 

@@ -5,9 +5,8 @@ from them (automatic prefix caching, on by default), evicting the least recently
 running request holds. A trace that names its prompts' blocks (``Trace.prefix_blocks``: one id
 per ``block_tokens`` prompt tokens, an id standing for its block and every block before it, as
 Mooncake's are) says which heads repeat. Each replica here keeps the blocks its finished
-prefills computed, least recently used first, as many as its KV cache holds
-(``kv_cache_tokens / block_tokens``), and admits a prompt with its longest cached run of leading
-blocks already computed: the rest is prefilled as usual. Blocks enter the cache when the
+prefills computed and admits a prompt with its longest cached run of leading blocks already
+computed: the rest is prefilled as usual. Blocks enter the cache when the
 prompt that computes them finishes its prefill, so two prompts prefilled side by side do not
 share (as in vLLM, whose blocks are reusable once computed).
 
@@ -57,8 +56,9 @@ class PrefixCache:
     def admit(self, request: int, prompt_tokens: int) -> int:
         """Request ``request`` starts: the leading prompt tokens the cache serves it (the longest
         run of its blocks held), and its blocks are in use until ``release``."""
+        own = self._own(request)
         run = 0
-        for block in self._own(request):
+        for block in own:
             if block not in self.lru:
                 break
             self.lru.move_to_end(block)
@@ -66,7 +66,7 @@ class PrefixCache:
         cached = min(run * self.block_tokens, max(0, prompt_tokens - 1))
         self.queried += prompt_tokens
         self.hit += cached
-        for block in self._own(request):
+        for block in own:
             if not self.in_use.get(block) and block in self.lru:
                 self.free_cached -= 1
             self.in_use[block] = self.in_use.get(block, 0) + 1
