@@ -95,14 +95,20 @@ class PrefixCache:
     def fit(self, free_tokens: float) -> None:
         """Evict the least recently used blocks no running request uses until the rest fit in
         ``free_tokens`` (the KV cache the running requests leave)."""
-        if self.free_cached * self.block_tokens <= free_tokens:
+        excess = self.free_cached - int(free_tokens // self.block_tokens)    # blocks to evict
+        if excess <= 0:
             return
-        for block in list(self.lru):
-            if self.free_cached * self.block_tokens <= free_tokens:
-                break
+        # Walk from the oldest only as far as the victims go: this runs at every admission of a
+        # busy replica, and copying the whole cache each time would cost its size.
+        victims = []
+        for block in self.lru:
             if not self.in_use.get(block):
-                del self.lru[block]
-                self.free_cached -= 1
+                victims.append(block)
+                if len(victims) == excess:
+                    break
+        for block in victims:
+            del self.lru[block]
+        self.free_cached -= len(victims)
 
 
 def prefix_of(trace, block_tokens: int) -> PrefixBlocks | None:
