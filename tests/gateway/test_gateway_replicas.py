@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from gateway_harness import GATEWAY_DIR, Gateway  # noqa: F401   puts spectrum_gateway on the path
+from options.core.affinity import bounded_order, load_cap, preference
 from spectrum_gateway.config import Upstream
-from spectrum_gateway.routing import Replicas, bounded_order, load_cap, preference
+from spectrum_gateway.routing import Replicas
 
 URLS = [f"http://10.0.0.{i}:8080" for i in range(1, 5)]
 SESSIONS = [f"session-{i}" for i in range(4000)]

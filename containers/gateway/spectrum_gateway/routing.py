@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import math
 
-from options.core.affinity import bounded_order, load_cap, preference, unit_hash
+from options.core.affinity import bounded_order, unit_hash
 
 from .config import Model, Upstream
-
-__all__ = ["Replicas", "attempts", "bounded_order", "canary_choice", "load_cap", "preference"]
 
 
 def canary_choice(model: Model, tenant: str) -> Upstream:
