@@ -9,7 +9,8 @@ What is fitted (every other figure is a spec or a stated prior): per GPU family 
 all, the fixed costs per layer, step, sequence and request, the PCIe all-reduce latency, the
 weight-only and MoE kernels' matmul rates and the KV read bandwidth; beside them, one output cap
 per serving stack whose own points show a limit outside the engine (points.json's output_caps).
-Blackwell has no public vLLM point here and borrows Hopper's. The loss is the sum of squared log
+Blackwell has no public vLLM throughput point here and borrows Hopper's shares of peak; its fixed
+costs a layer and a sequence are fitted apart on public decode steps (``blackwell_terms``). The loss is the sum of squared log
 errors (a 2x miss weighs the same either way) plus a prior on each parameter, bounded to physical
 ranges; Powell's derivative-free search (see fit).
 """
@@ -29,7 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path.insert(0, str(ROOT))
 
-from cost.hardware.calibration import errors, moe_kernel_rows, shipped_output_caps  # noqa: E402
+from cost.hardware.calibration import (decode_step_rows, errors, moe_kernel_rows, shipped_output_caps,  # noqa: E402
+                                       with_control)
 from cost.hardware.roofline import DATA, Efficiency, efficiency_table  # noqa: E402
 
 FAMILIES = ("hopper", "ampere", "ada")
@@ -82,7 +84,7 @@ def moe_kernel_terms() -> dict[str, float]:
     """``{family}.moe_layer_s`` and ``{family}.moe_expert_s`` for each family with kernel points:
     the pair on the grids with the least summed squared log error over its fitted points."""
     doc = json.loads(MOE_KERNELS.read_text())
-    base = efficiencies(prior_values(), moe={})
+    base = efficiencies(prior_values(), moe={}, blackwell={})
     out: dict[str, float] = {}
     for family in FAMILIES:
         rows = [r for r in moe_kernel_rows(doc, efficiency_for=base.__getitem__)
@@ -97,11 +99,80 @@ def moe_kernel_terms() -> dict[str, float]:
     return out
 
 
-def efficiencies(values: dict[str, float], source: str = "fit", moe: dict[str, float] | None = None
-                 ) -> dict[str, Efficiency]:
+# Blackwell's fixed costs a layer and a sequence a step, fitted on ML.ENERGY's saturated vLLM 0.11.1
+# servers (mlenergy-decode.json): each B200 decode step against the H100's error on the same model,
+# task and batch, so what both runs share and the data leave unknown (the prompt lengths, the
+# serving stack) cancels; Blackwell's shares of peak stay Hopper's (no public B200 throughput
+# point). The objective: squared log errors relative to the control, plus the same priors as the
+# shared fixed costs (PARAMETERS). Both terms enter the step linearly (``decode_step_rows``), so
+# one prediction a row and a grid (µs) search them exactly.
+MLENERGY = HERE / "mlenergy-decode.json"
+FIXED_COST_GRID = np.arange(1, 101) * 1e-6
+BLACKWELL_FITTED = ("layer_s", "seq_s")
+BLACKWELL_SOURCE = ("layer_s and seq_s: fitted on ML.ENERGY's saturated vLLM 0.11.1 servers "
+                    "(benchmarks/capacity-calibration/mlenergy-decode.json), each B200 decode step against the H100's "
+                    "error on the same model, task and batch; the shares of peak and the MoE kernel terms are Hopper's")
+
+
+def blackwell_rows(base: dict[str, Efficiency] | None = None) -> list[dict]:
+    """The fitted B200 rows, predicted with ``base`` (default: the priors), each with its H100 control."""
+    base = base or efficiencies(prior_values(), blackwell={})
+    rows, _ = decode_step_rows(json.loads(MLENERGY.read_text()), efficiency_for=base.__getitem__)
+    return [r for r in with_control(rows, "H100") if r["gpu"] == "B200" and r["fit"]]
+
+
+def fit_fixed_costs(rows: list[dict], base: Efficiency) -> tuple[float, float]:
+    """(layer_s, seq_s) on the grid with the least squared log error against the rows' controls."""
+    prior = {name: (p, spread) for name, _, _, p, spread in PARAMETERS}
+    pred = np.array([r["predicted_step_ms"] for r in rows]) / 1e3
+    layers = np.array([r["layers"] for r in rows])
+    batch = np.array([r["batch"] for r in rows])
+    target = np.log(np.array([r["measured_itl_ms"] * r["control_ratio"] for r in rows]) / 1e3)
+    layer, seq = np.meshgrid(FIXED_COST_GRID, FIXED_COST_GRID, indexing="ij")
+    steps = (pred + layers * (layer[..., None] - base.layer_s) + batch * (seq[..., None] - base.seq_s))
+    loss = (np.sum((np.log(steps) - target) ** 2, axis=-1)
+            + (np.log(layer / prior["layer_s"][0]) / prior["layer_s"][1]) ** 2
+            + (np.log(seq / prior["seq_s"][0]) / prior["seq_s"][1]) ** 2)
+    i, j = np.unravel_index(np.argmin(loss), loss.shape)
+    return float(layer[i, j]), float(seq[i, j])
+
+
+@functools.lru_cache(maxsize=None)
+def blackwell_terms() -> dict[str, float]:
+    """``blackwell.layer_s`` and ``blackwell.seq_s``: ``fit_fixed_costs`` over every fitted B200 row."""
+    base = efficiencies(prior_values(), blackwell={})["blackwell"]
+    layer, seq = fit_fixed_costs(blackwell_rows(), base)
+    return {"blackwell.layer_s": layer, "blackwell.seq_s": seq}
+
+
+def blackwell_check(terms: dict[str, float]) -> dict:
+    """Why the fit ships: each model left out in turn, fitted on the others and predicted, against
+    Hopper's borrowed figures, as |(predicted / measured) / control − 1| (the median over rows)."""
+    base = efficiencies(prior_values(), blackwell={})["blackwell"]
+    rows = blackwell_rows()
+
+    def rel(r, layer, seq):
+        step = r["predicted_step_ms"] / 1e3 + r["layers"] * (layer - base.layer_s) + r["batch"] * (seq - base.seq_s)
+        return abs(step * 1e3 / r["measured_itl_ms"] / r["control_ratio"] - 1)
+
+    held_out, borrowed = [], []
+    for model in sorted({r["model"] for r in rows}):
+        layer, seq = fit_fixed_costs([r for r in rows if r["model"] != model], base)
+        held_out += [rel(r, layer, seq) for r in rows if r["model"] == model]
+        borrowed += [rel(r, base.layer_s, base.seq_s) for r in rows if r["model"] == model]
+    fitted = [rel(r, terms["blackwell.layer_s"], terms["blackwell.seq_s"]) for r in rows]
+    return {"rows": len(rows), "models": len({r["model"] for r in rows}),
+            "borrowed": float(np.median(borrowed)), "leave_one_model_out": float(np.median(held_out)),
+            "in_sample": float(np.median(fitted))}
+
+
+def efficiencies(values: dict[str, float], source: str = "fit", moe: dict[str, float] | None = None,
+                 blackwell: dict[str, float] | None = None) -> dict[str, Efficiency]:
     """The Efficiency of every family from fitted ``values``; the MoE kernel terms from ``moe``
-    (default: ``moe_kernel_terms()``, 0 for a family without kernel points)."""
+    (default: ``moe_kernel_terms()``, 0 for a family without kernel points); Blackwell's fixed
+    costs from ``blackwell`` (default: ``blackwell_terms()``; the shared ones where absent)."""
     moe = moe_kernel_terms() if moe is None else moe
+    blackwell = blackwell_terms() if blackwell is None else blackwell
     out = {}
     for family in FAMILIES + ("blackwell",):
         base = "hopper" if family == "blackwell" else family
@@ -109,8 +180,10 @@ def efficiencies(values: dict[str, float], source: str = "fit", moe: dict[str, f
         out[family] = Efficiency(family=family, bandwidth=values[f"{base}.bandwidth"], gemm=gemm,
                                  attention=gemm * PRIORS["attention_of_gemm"],
                                  weight_only_gemm=values["weight_only_gemm"], moe_gemm=values["moe_gemm"],
-                                 kv_bandwidth=values["kv_bandwidth"], layer_s=values["layer_s"],
-                                 step_s=values["step_s"], seq_s=values["seq_s"], request_s=values["request_s"],
+                                 kv_bandwidth=values["kv_bandwidth"],
+                                 layer_s=blackwell.get(f"{family}.layer_s", values["layer_s"]),
+                                 step_s=values["step_s"], seq_s=blackwell.get(f"{family}.seq_s", values["seq_s"]),
+                                 request_s=values["request_s"],
                                  allreduce_s={"nvlink": PRIORS["allreduce_nvlink_s"],
                                               "pcie": values["allreduce_pcie_s"]},
                                  link=PRIORS["link"], frontend_request_s=PRIORS["frontend_request_s"],
@@ -217,8 +290,9 @@ def write_table(values: dict[str, float], points, engine_at_priors: bool = False
         "why": "tok/s: the rate at which each serving stack named by points.json's output_caps handed tokens on, "
                "fitted beside the efficiencies so that a limit outside the engine is not read as a slow engine. "
                "Calibration only: no prediction applies them."}
-    doc["families"]["blackwell"] = {"same_as": "hopper", "why": "no public vLLM measurement on B200 among the "
-                                                                "calibration points"}
+    doc["families"]["blackwell"] = {
+        "same_as": "hopper", "why": "no public vLLM throughput or latency point on B200 among points.json's",
+        **{k.split(".")[1]: float(f"{v:.3g}") for k, v in blackwell_terms().items()}, "source": BLACKWELL_SOURCE}
     path = DATA / f"efficiency-{today}.json"
     path.write_text(json.dumps(doc, indent=2) + "\n")
     return path
@@ -254,6 +328,13 @@ def main() -> int:
     check_rows = errors(doc.get("checks", []), means, efficiency_for=efficiencies(values).__getitem__)
     print("public checks, not fitted:\n" + table(check_rows))
     out = {"fit": values, "rows": rows, "checks": check_rows}
+    terms = blackwell_terms()
+    bw = blackwell_check(terms)
+    print(f"Blackwell (mlenergy-decode.json, {bw['rows']} B200 rows of {bw['models']} models against their H100 "
+          f"controls): layer_s {terms['blackwell.layer_s'] * 1e6:.0f} µs, seq_s {terms['blackwell.seq_s'] * 1e6:.0f} µs; "
+          f"median |relative error| {bw['in_sample'] * 100:.1f} % in sample, {bw['leave_one_model_out'] * 100:.1f} % "
+          f"with each model left out, {bw['borrowed'] * 100:.1f} % with Hopper's fixed costs")
+    out["blackwell"] = {"terms": terms, **bw}
     if args.loo:
         # Each source left out in turn: fitted on the others, predicted beside the priors alone
         # (no fit), so the fit earns its place only if it predicts unseen sources better.

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from cost.hardware import catalog
 from cost.hardware.predict import burst, capacity_for, closed_loop
 
 # vLLM's LLM-class defaults where they differ from the OpenAI server's (EngineArgs.get_batch_defaults).
@@ -196,3 +197,56 @@ def moe_kernel_rows(doc: dict[str, Any], efficiency_for=None) -> list[dict]:
                          "fitted": (tokens <= MOE_KERNEL_MAX_TOKENS
                                     and touched * expert_bytes / 1e6 > doc["l2_mb"][gpu.name])})
     return rows
+
+
+# --- saturated servers' decode steps (benchmarks/capacity-calibration/mlenergy-decode.json) ---------
+
+def decode_step_rows(doc: dict[str, Any], efficiency_for=None) -> tuple[list[dict], list[str]]:
+    """Each saturated server's median inter-token latency beside ``CapacityModel.step_s`` at its
+    batch, and the rows the catalog cannot predict (``skipped``, each with why).
+
+    A server kept at ``max_num_seqs`` sequences decodes them all every step, and a new request's
+    prefill joins one step in hundreds, so its median inter-token latency is the decode step at
+    that batch. A sequence holds, halfway through its answer, the prompt (``doc["prompt_tokens"]``:
+    assumed where the source does not publish it) plus half the mean answer. An ``-FP8`` upload is
+    its base model at FP8. ``efficiency_for(family)`` overrides the shipped efficiencies (a fit
+    uses it). Each row carries ``layers`` and ``batch``: how the step moves with the per-layer and
+    per-sequence fixed costs (``layer_s``, ``seq_s``), which it is linear in."""
+    from cost.hardware import gpus
+    from options.core import BadInput
+
+    out, skipped = [], []
+    for r in doc["rows"]:
+        name, dtype = r["model_id"], "auto"
+        if name.endswith("-FP8"):
+            name, dtype = name[:-len("-FP8")], "fp8"
+        gpu = gpus.gpu(r["gpu"])
+        try:
+            spec = catalog.resolve(name)
+            capacity, _ = capacity_for(spec, gpu=gpu.name, tp=r["tp"], dtype=dtype,
+                                       max_num_batched_tokens=doc["max_num_batched_tokens"],
+                                       efficiency_override=efficiency_for(gpu.family) if efficiency_for else None)
+        except BadInput as e:
+            skipped.append(f"{r['model_id']} on {r['gpu']} TP{r['tp']}: {str(e).splitlines()[0]}")
+            continue
+        batch = round(r["avg_batch_size"])
+        context = doc["prompt_tokens"] + r["avg_output_len"] / 2
+        predicted = 1e3 * capacity.step_s(batch, round(batch * context), 0)
+        out.append({"gpu": r["gpu"], "family": gpu.family, "model": r["model_id"], "task": r["task"], "dtype": dtype,
+                    "tp": r["tp"], "max_num_seqs": r["max_num_seqs"], "batch": batch, "layers": spec.layers,
+                    "measured_itl_ms": r["median_itl_ms"], "predicted_step_ms": predicted,
+                    "ratio": predicted / r["median_itl_ms"], "fit": r.get("fit", True)})
+    return out, sorted(set(skipped))
+
+
+def with_control(rows: list[dict], control_gpu: str) -> list[dict]:
+    """The rows of other GPUs, each with ``control_ratio``: the median predicted/measured of
+    ``control_gpu``'s rows of the same model, task and ``max_num_seqs`` (any TP) — the same runs
+    on a GPU whose efficiencies were fitted, which carries what both share and the data leave
+    unknown (the prompt lengths, the serving stack). Rows without such a control are dropped."""
+    controls: dict[tuple, list[float]] = {}
+    for r in rows:
+        if r["gpu"] == control_gpu:
+            controls.setdefault((r["model"], r["task"], r["max_num_seqs"]), []).append(r["ratio"])
+    return [{**r, "control_ratio": float(np.median(controls[key]))} for r in rows
+            if r["gpu"] != control_gpu and (key := (r["model"], r["task"], r["max_num_seqs"])) in controls]

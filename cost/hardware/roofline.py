@@ -81,9 +81,15 @@ def efficiency_table() -> dict:
     return doc
 
 
+# Fixed costs a family's entry may set for itself (the rest are shared by every family): a GPU
+# generation's kernels and their gaps differ, and the fused-MoE terms are fitted per family.
+FAMILY_FIXED_COSTS = ("layer_s", "seq_s", "moe_layer_s", "moe_expert_s")
+
+
 def efficiency(family: str) -> Efficiency:
-    """The family's efficiencies; a family without its own measurements borrows the one its
-    entry names (``same_as``), and says so in ``source``."""
+    """The family's efficiencies: its own shares of peak, the shared fixed costs unless its entry
+    sets them (``FAMILY_FIXED_COSTS``). A family without its own throughput measurements borrows
+    the shares of the one its entry names (``same_as``) and says so in ``source``."""
     doc = efficiency_table()
     families = doc["families"]
     if family not in families:
@@ -92,18 +98,16 @@ def efficiency(family: str) -> Efficiency:
     note = ""
     if "same_as" in entry:
         base = entry.pop("same_as")
-        note = f"{family} has no public vLLM measurement to fit on: {base}'s efficiencies ({entry.get('why', '')})"
-        entry = {**families[base], **{k: v for k, v in entry.items() if k != "why"}}
+        note = f"{family}'s shares of peak are {base}'s ({entry.pop('why', '')})"
+        entry = {**families[base], **entry}
     shared = doc["shared"]
+    fixed = {k: entry.get(k, shared.get(k, 0.0)) for k in FAMILY_FIXED_COSTS}
     return Efficiency(family=family, bandwidth=entry["bandwidth"], gemm=entry["gemm"],
                       attention=entry["gemm"] * shared["attention_of_gemm"],
                       weight_only_gemm=shared["weight_only_gemm"], moe_gemm=shared["moe_gemm"],
-                      kv_bandwidth=shared["kv_bandwidth"], layer_s=shared["layer_s"],
-                      step_s=shared["step_s"], seq_s=shared["seq_s"], request_s=shared["request_s"],
+                      kv_bandwidth=shared["kv_bandwidth"], step_s=shared["step_s"], request_s=shared["request_s"],
                       allreduce_s=dict(shared["allreduce_s"]), link=shared["link"],
-                      frontend_request_s=shared.get("frontend_request_s", 0.0),
-                      moe_layer_s=entry.get("moe_layer_s", shared.get("moe_layer_s", 0.0)),
-                      moe_expert_s=entry.get("moe_expert_s", shared.get("moe_expert_s", 0.0)),
+                      frontend_request_s=shared.get("frontend_request_s", 0.0), **fixed,
                       source=(note + "; " if note else "") + f"{doc['file']}: {entry.get('source', '')}")
 
 

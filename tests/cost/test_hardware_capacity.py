@@ -170,6 +170,75 @@ def test_the_public_fused_moe_kernel_timings_are_reproduced_layer_by_layer():
     assert any(not r["fitted"] and r["tokens"] >= 1024 for r in rows)
 
 
+def _calibrate_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("calibrate", POINTS.parent / "calibrate.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_blackwell_borrows_hoppers_shares_of_peak_and_has_its_own_fixed_costs():
+    from cost.hardware.roofline import efficiency, efficiency_table
+
+    blackwell, hopper = efficiency("blackwell"), efficiency("hopper")
+    entry = efficiency_table()["families"]["blackwell"]
+    assert (blackwell.bandwidth, blackwell.gemm, blackwell.moe_layer_s) == (hopper.bandwidth, hopper.gemm,
+                                                                           hopper.moe_layer_s)
+    assert (blackwell.layer_s, blackwell.seq_s) == (entry["layer_s"], entry["seq_s"])
+    assert blackwell.layer_s > hopper.layer_s and blackwell.seq_s > hopper.seq_s
+    assert "shares of peak are hopper's" in blackwell.source and "ML.ENERGY" in blackwell.source
+    # The step carries them: 32 layers and 16 sequences of Llama-3.1-8B on one B200.
+    b200, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="b200")
+    as_hopper, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="b200",
+                                efficiency_override=dataclasses.replace(blackwell, layer_s=hopper.layer_s,
+                                                                        seq_s=hopper.seq_s))
+    assert b200.step_s(16, 0, 0) - as_hopper.step_s(16, 0, 0) == pytest.approx(
+        32 * (blackwell.layer_s - hopper.layer_s) + 16 * (blackwell.seq_s - hopper.seq_s))
+
+
+def test_a_decode_step_row_moves_linearly_with_the_layer_and_sequence_costs():
+    """What the Blackwell fit's grid relies on, against capacity_for itself; and the control is
+    the H100's error on the same model, task and max_num_seqs."""
+    from cost.hardware.calibration import decode_step_rows, with_control
+    from cost.hardware.roofline import efficiency
+
+    def row(gpu, seqs, itl, model="Qwen/Qwen3-14B"):
+        return {"model_id": model, "task": "lm-arena-chat", "gpu": gpu, "tp": 1, "max_num_seqs": seqs,
+                "avg_batch_size": seqs - 0.1, "median_itl_ms": itl, "avg_output_len": 600.0}
+
+    doc = {"max_num_batched_tokens": 8192, "prompt_tokens": 300,
+           "rows": [row("B200", 16, 8.0), row("H100", 16, 13.0), row("H100", 16, 14.0), row("B200", 32, 9.0)]}
+    base, _ = decode_step_rows(doc)
+    bw = efficiency("blackwell")
+    moved = dataclasses.replace(bw, layer_s=bw.layer_s + 10e-6, seq_s=bw.seq_s + 5e-6)
+    shifted, _ = decode_step_rows(doc, efficiency_for=lambda family: moved if family == "blackwell" else None)
+    assert base[0]["layers"] == 40 and base[0]["batch"] == 16
+    assert shifted[0]["predicted_step_ms"] - base[0]["predicted_step_ms"] == pytest.approx(1e3 * (40 * 10e-6 + 16 * 5e-6))
+    assert shifted[1]["predicted_step_ms"] == pytest.approx(base[1]["predicted_step_ms"])    # an H100 row
+    controlled = with_control(base, "H100")
+    assert [r["max_num_seqs"] for r in controlled] == [16]       # no H100 run at 32 sequences
+    assert controlled[0]["control_ratio"] == pytest.approx(np.median([base[1]["ratio"], base[2]["ratio"]]))
+
+
+def test_the_shipped_blackwell_fixed_costs_are_the_fit_on_the_public_decode_steps():
+    """ML.ENERGY's B200 decode steps against the H100's on the same runs
+    (benchmarks/capacity-calibration/mlenergy-decode.json): the file holds what the fit gives, and
+    the fit ships because it predicts each model left out better than Hopper's fixed costs."""
+    from cost.hardware.roofline import efficiency
+
+    calibrate = _calibrate_module()
+    terms = calibrate.blackwell_terms()
+    shipped = efficiency("blackwell")
+    assert (shipped.layer_s, shipped.seq_s) == pytest.approx((terms["blackwell.layer_s"], terms["blackwell.seq_s"]),
+                                                             rel=1e-3)
+    check = calibrate.blackwell_check(terms)
+    assert check["rows"] == 52 and check["models"] == 12
+    assert check["leave_one_model_out"] < check["borrowed"] - 0.02, check
+    assert check["in_sample"] <= 0.08
+
+
 def test_tensor_parallel_over_pcie_pays_more_per_step_than_over_nvlink():
     pcie, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="l40s", tp=4)
     single, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="l40s", tp=1)

@@ -83,3 +83,19 @@ def test_the_command_prints_each_gpu_and_task_and_writes_every_point(leaderboard
     assert "H100 lm-arena-chat: 2 points" in printed and "B200 lm-arena-chat: 1 points" in printed
     doc = json.loads(out.read_text())
     assert doc["prompt_tokens"] == 300 and len(doc["points"]) == 3
+
+
+def test_the_extract_quotes_the_rows_and_marks_b200s_qwen3_gpqa_runs_not_fitted(leaderboard, tmp_path):
+    models = leaderboard / "public" / "data" / "models"
+    (models / "qwen.json").write_text(json.dumps({"model_id": "Qwen/Qwen3-8B", "task": "gpqa", "configurations": [
+        configuration("B200", 8, 33.0), configuration("H100", 8, 9.7)]}))
+    out = tmp_path / "extract.json"
+    assert check.main(["--leaderboard", str(leaderboard), "--extract", str(out), "--prompt-tokens", "250"]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["prompt_tokens"] == 250 and doc["max_num_batched_tokens"] == 8192 and "0cd52da" in doc["source"]
+    qwen = {r["gpu"]: r for r in doc["rows"] if r["model_id"] == "Qwen/Qwen3-8B"}
+    assert qwen["B200"]["fit"] is False and "4-7x" in qwen["B200"]["why"]
+    assert "fit" not in qwen["H100"] and qwen["H100"]["median_itl_ms"] == 9.7
+    # Quoted, not predicted: the unknown model is in the extract; the prediction skips it.
+    assert any(r["model_id"] == "nobody/Not-A-Model-7B" for r in doc["rows"])
+    assert not any("predicted_step_ms" in r for r in doc["rows"])
