@@ -1,4 +1,4 @@
-"""The spec model's decode step against ML.ENERGY's public vLLM runs on B200 and H100 (not fitted on).
+"""The decode step against ML.ENERGY's public vLLM runs on B200 and H100 (B200's fixed costs fitted on them).
 
 The ML.ENERGY leaderboard (github.com/ml-energy/leaderboard, ``public/data/models/*.json``, data of
 2026-02-16) publishes, per model, GPU and ``max_num_seqs``, the median inter-token latency of a
