@@ -104,7 +104,7 @@ def predict_point(point: dict[str, Any], sharegpt_means: dict[str, float], effic
         makespan = float(outputs.sum()) / run["output_tok_s"]
     elif w["kind"] == "closed_loop":
         if w.get("sizes") == "sharegpt":
-            run = _closed_loop_sizes(capacity, w["concurrency"], inputs, outputs)
+            run = closed_loop_sizes(capacity, w["concurrency"], inputs, outputs)
         elif "requests" in w:           # the benchmark's own N from an empty server, all counted
             run = closed_loop(capacity, w["concurrency"], int(inputs[0]), int(outputs[0]),
                               requests=w["requests"], steady_state=False)
@@ -126,7 +126,7 @@ def predict_point(point: dict[str, Any], sharegpt_means: dict[str, float], effic
     return {k: derived[k] for k in point["measured"]}
 
 
-def _closed_loop_sizes(capacity, concurrency: int, inputs: np.ndarray, outputs: np.ndarray) -> dict[str, Any]:
+def closed_loop_sizes(capacity, concurrency: int, inputs: np.ndarray, outputs: np.ndarray) -> dict[str, Any]:
     """A closed loop over requests of varying sizes (a benchmark client at fixed concurrency
     working through a dataset): every request counted, as benchmark clients report."""
     from cost.hardware.predict import _run, _summary
