@@ -221,6 +221,13 @@ def step_model(model, gpu, tp: int, dtype: str, plan, eff: Efficiency, link: str
                             "value": f"{eff.allreduce_s[link] * 1e6:.0f} µs each + payload at "
                                      f"{link_gb_s:,.0f} GB/s × {eff.link:.2f}",
                             "source": f"{gpu.source}; {eff.source}"})
+    if dtype == "mxfp4" and gpu.family == "blackwell":
+        assumptions.append({
+            "what": "MXFP4 experts with 16-bit activations, vLLM's default on Blackwell; vLLM's gpt-oss recipe sets "
+                    "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1 (FP8 activations), not modelled",
+            "value": "under that recipe InferenceX measured gpt-oss-120b's TPOT at 0.73 of this model's (median of "
+                     "112 closed loops on B200, vLLM 0.11.2 and 0.13.0)",
+            "source": "vllm-project/recipes OpenAI/GPT-OSS.md; benchmarks/capacity-inferencex/README.md"})
     if model.experts:
         assumptions.append({"what": "MoE: a step reads the routed experts its tokens touch; their matmuls run "
                                     "as grouped GEMMs",

@@ -110,6 +110,18 @@ def test_mxfp4_experts_keep_16_bit_activations_even_where_the_gpu_has_fp4_matmul
 
 # --- the roofline's shape ------------------------------------------------------------------------
 
+def test_mxfp4_on_blackwell_says_what_vllms_recipe_runs_instead():
+    """The B200 runs gpt-oss's experts as vLLM does by default; its own recipe's FP8 activations
+    are not modelled, and the assumptions say so with what that recipe measured."""
+    def notes(gpu):
+        _, details = capacity_for("openai/gpt-oss-120b", gpu=gpu)
+        return [a for a in details["assumptions"] if "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8" in a["what"]]
+
+    (note,) = notes("b200")
+    assert "0.73" in note["value"] and "capacity-inferencex" in note["source"]
+    assert notes("h100") == []
+
+
 def test_decode_at_batch_one_is_bounded_below_by_reading_the_weights():
     capacity, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100")
     weights_s = details["model"]["weights_gib"] * 2**30 / (3350e9)
