@@ -10,9 +10,9 @@ all, the fixed costs per layer, step, sequence and request, the PCIe all-reduce 
 weight-only and MoE kernels' matmul rates and the KV read bandwidth; beside them, one output cap
 per serving stack whose own points show a limit outside the engine (points.json's output_caps).
 Blackwell has no public vLLM throughput point here and borrows Hopper's shares of peak; its fixed
-costs a layer and a sequence are fitted apart on public decode steps (``blackwell_terms``). The loss is the sum of squared log
-errors (a 2x miss weighs the same either way) plus a prior on each parameter, bounded to physical
-ranges; Powell's derivative-free search (see fit).
+costs a layer and a sequence are fitted apart on public decode steps (``blackwell_terms``). The
+loss is the sum of squared log errors (a 2x miss weighs the same either way) plus a prior on each
+parameter, bounded to physical ranges; Powell's derivative-free search (see fit).
 """
 from __future__ import annotations
 
@@ -108,15 +108,14 @@ def moe_kernel_terms() -> dict[str, float]:
 # one prediction a row and a grid (µs) search them exactly.
 MLENERGY = HERE / "mlenergy-decode.json"
 FIXED_COST_GRID = np.arange(1, 101) * 1e-6
-BLACKWELL_FITTED = ("layer_s", "seq_s")
 BLACKWELL_SOURCE = ("layer_s and seq_s: fitted on ML.ENERGY's saturated vLLM 0.11.1 servers "
                     "(benchmarks/capacity-calibration/mlenergy-decode.json), each B200 decode step against the H100's "
                     "error on the same model, task and batch; the shares of peak and the MoE kernel terms are Hopper's")
 
 
-def blackwell_rows(base: dict[str, Efficiency] | None = None) -> list[dict]:
-    """The fitted B200 rows, predicted with ``base`` (default: the priors), each with its H100 control."""
-    base = base or efficiencies(prior_values(), blackwell={})
+def blackwell_rows() -> list[dict]:
+    """The fitted B200 rows, predicted at the priors with Hopper's fixed costs, each with its H100 control."""
+    base = efficiencies(prior_values(), blackwell={})
     rows, _ = decode_step_rows(json.loads(MLENERGY.read_text()), efficiency_for=base.__getitem__)
     return [r for r in with_control(rows, "H100") if r["gpu"] == "B200" and r["fit"]]
 
