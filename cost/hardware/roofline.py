@@ -101,7 +101,8 @@ def efficiency(family: str) -> Efficiency:
         note = f"{family}'s shares of peak are {base}'s ({entry.pop('why', '')})"
         entry = {**families[base], **entry}
     shared = doc["shared"]
-    fixed = {k: entry.get(k, shared.get(k, 0.0)) for k in FAMILY_FIXED_COSTS}
+    # The MoE kernel terms default to 0 (a table from before they were fitted); the others are required.
+    fixed = {k: entry.get(k, shared.get(k, 0.0) if k.startswith("moe_") else shared[k]) for k in FAMILY_FIXED_COSTS}
     return Efficiency(family=family, bandwidth=entry["bandwidth"], gemm=entry["gemm"],
                       attention=entry["gemm"] * shared["attention_of_gemm"],
                       weight_only_gemm=shared["weight_only_gemm"], moe_gemm=shared["moe_gemm"],
