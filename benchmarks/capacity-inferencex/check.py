@@ -31,6 +31,10 @@ TTFT, TPOT and E2E set beside the client's.
 
 Nothing from the artifacts is stored in this repository (the mirror states no licence for reuse):
 the script reads them from the clone, and ``--json`` writes its rows where you say.
+
+Beside them, ``blog-tpot.json`` quotes the TPOT tables of InferenceX's blog posts on MiniMax-M2.5
+(FP8, NVFP4) and Kimi-K2.5 (INT4, NVFP4) on B200 and H200 (vLLM 0.21.0, 8k/1k, each row with its
+recipe's flags and commit): predicted the same way, TPOT only (the posts give no TTFT or E2E).
 """
 from __future__ import annotations
 
@@ -49,6 +53,7 @@ from cost.hardware.calibration import closed_loop_sizes  # noqa: E402
 from cost.hardware.predict import capacity_for  # noqa: E402
 
 RUNS = {"20667906037": "v0.13.0", "20218553330": "v0.11.2"}
+BLOG = Path(__file__).resolve().parent / "blog-tpot.json"
 RAW = Path("reconcile/sources/inferencemax/raw")
 MODEL = "openai/gpt-oss-120b"
 GPUS = ("h100", "h200", "b200")
@@ -96,9 +101,25 @@ def rows(mantile: Path) -> list[dict]:
     return out
 
 
-def summary(rs: list[dict]) -> str:
+def blog_rows(path: Path = BLOG) -> list[dict]:
+    """Each quoted TPOT beside the closed loop of its recipe's deployment (a checkpoint in NVFP4 is
+    its base model at ``fp4``; flags the recipe leaves unset are vLLM's defaults)."""
+    out = []
+    for p in json.loads(path.read_text())["points"]:
+        isl, osl, c = p["isl"], p["osl"], p["concurrency"]
+        flags = {k: v for k, v in p["flags"].items() if v is not None}
+        capacity, _ = capacity_for(p["model"], gpu=p["gpu"], tp=p["tp"], dtype=p["dtype"], input_tokens=0.9 * isl,
+                                   output_tokens=0.9 * osl, **flags)
+        inputs, outputs = request_sizes(isl, osl, 10 * c)
+        predicted = closed_loop_sizes(capacity, c, inputs, outputs)["tpot_ms"]["mean"]
+        out.append({"checkpoint": p["checkpoint"], "gpu": p["gpu"], "tp": p["tp"], "concurrency": c, "vllm": p["vllm"],
+                    "tpot_ms": {"predicted": predicted, "measured": p["tpot_ms"], "ratio": predicted / p["tpot_ms"]}})
+    return out
+
+
+def summary(rs: list[dict], metrics=tuple(METRICS)) -> str:
     parts = []
-    for metric in METRICS:
+    for metric in metrics:
         ratios = [r[metric]["ratio"] for r in rs]
         parts.append(f"{metric.removesuffix('_ms').upper()} {statistics.median(ratios):.2f} "
                      f"({100 * statistics.median(abs(x - 1) for x in ratios):.0f} %)")
@@ -109,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mantile", type=Path, required=True, help="a clone of github.com/gminneci/mantile")
     parser.add_argument("--json", type=Path, help="write every point (predicted, measured, ratio) here")
+    parser.add_argument("--blog", type=Path, default=BLOG, help="the quoted blog tables (default: blog-tpot.json here)")
     args = parser.parse_args(argv)
     points = rows(args.mantile)
     for version in RUNS.values():
@@ -121,8 +143,13 @@ def main(argv: list[str] | None = None) -> int:
             if rs:
                 print(f"vLLM {version} {gpu} all: {summary(rs)}")
     print(f"all: {summary(points)}")
+    blog = blog_rows(args.blog)
+    for checkpoint, gpu in sorted({(r["checkpoint"], r["gpu"]) for r in blog}):
+        rs = [r for r in blog if (r["checkpoint"], r["gpu"]) == (checkpoint, gpu)]
+        print(f"blog {checkpoint} {gpu}: {summary(rs, ('tpot_ms',))}")
+    print(f"blog all: {summary(blog, ('tpot_ms',))}")
     if args.json:
-        args.json.write_text(json.dumps(points, indent=1))
+        args.json.write_text(json.dumps({"artifacts": points, "blog": blog}, indent=1))
     return 0
 
 

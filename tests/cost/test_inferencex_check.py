@@ -77,4 +77,33 @@ def test_the_command_prints_each_run_and_gpu_and_writes_every_point(mantile, tmp
     assert check.main(["--mantile", str(mantile), "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "vLLM v0.13.0 b200 8192/1024: 1 points" in printed and "all: 4 points" in printed
-    assert len(json.loads(out.read_text())) == 4
+    assert "blog all: 34 points" in printed
+    doc = json.loads(out.read_text())
+    assert len(doc["artifacts"]) == 4 and len(doc["blog"]) == 34
+
+
+def test_the_quoted_blog_tpot_is_set_beside_its_recipes_closed_loop(tmp_path):
+    point = {"checkpoint": "nvidia/Kimi-K2.5-NVFP4", "model": "moonshotai/Kimi-K2.5", "dtype": "fp4", "gpu": "b200",
+             "tp": 4, "isl": 8192, "osl": 1024, "concurrency": 8, "vllm": "v0.21.0", "tpot_ms": 11.0,
+             "flags": {"max_num_batched_tokens": 16384, "kv_dtype": "fp8", "max_num_seqs": 8,
+                       "gpu_memory_utilization": 0.9, "max_model_len": 9472}}
+    unset = {**point, "flags": {**point["flags"], "max_num_batched_tokens": None}}
+    path = tmp_path / "blog.json"
+    path.write_text(json.dumps({"points": [point, unset]}))
+    quoted, default = check.blog_rows(path)
+    capacity, _ = capacity_for("moonshotai/Kimi-K2.5", gpu="b200", tp=4, dtype="fp4", input_tokens=0.9 * 8192,
+                               output_tokens=0.9 * 1024, **point["flags"])
+    inputs, outputs = check.request_sizes(8192, 1024, 80)
+    expected = closed_loop_sizes(capacity, 8, inputs, outputs)["tpot_ms"]["mean"]
+    assert quoted["tpot_ms"] == pytest.approx({"predicted": expected, "measured": 11.0, "ratio": expected / 11.0})
+    # A flag the recipe leaves unset is vLLM's default, not a null passed on.
+    flags = {k: v for k, v in point["flags"].items() if k != "max_num_batched_tokens"}
+    capacity, _ = capacity_for("moonshotai/Kimi-K2.5", gpu="b200", tp=4, dtype="fp4", input_tokens=0.9 * 8192,
+                               output_tokens=0.9 * 1024, **flags)
+    assert default["tpot_ms"]["predicted"] == pytest.approx(closed_loop_sizes(capacity, 8, inputs, outputs)["tpot_ms"]["mean"])
+
+
+def test_the_shipped_blog_tables_are_quoted_with_their_posts():
+    doc = json.loads(check.BLOG.read_text())
+    assert len(doc["points"]) == 34 and {p["gpu"] for p in doc["points"]} == {"b200", "h200"}
+    assert all(p["post"] in doc["posts"] and p["recipe"].startswith("SemiAnalysisAI/InferenceX@") for p in doc["points"])
