@@ -8,13 +8,13 @@ lockstep, or its clients drift apart, sets the loop's TTFT by a factor of two or
 
 This run measures it on this machine: a random-weight Llama large enough that a 512-token prefill
 costs several decode steps (as a 1,024-token one does on a GPU), served by the bring-your-own
-server, profiled by ``options.bench --profile capacity`` before and after, and driven by
-
-a client of C threads that logs when each request was sent and answered (``closed_loop_client``),
-started two ways: every thread's first request at the same moment (``together``, as AIPerf starts
-its profiling phase once the warmup has drained), or each as soon as its connection is open
-(``spread``, tens of milliseconds apart). Each is set beside ``cost.hardware.predict.closed_loop`` run from each profile, as the held-out
-harness runs AIConfigurator's points (every request counted, from an empty server).
+server, profiled by ``options.bench --profile capacity`` before and after, and driven by a client
+of C threads that logs when each request was sent and answered (``closed_loop_client``), started
+two ways: every thread's first request at the same moment (``together``, as AIPerf starts its
+profiling phase once the warmup has drained), or each as soon as its connection is open
+(``spread``, tens of milliseconds apart). Each is set beside ``cost.hardware.predict.closed_loop``
+run from each profile, as the held-out harness runs AIConfigurator's points (every request
+counted, from an empty server).
 
     PYTHONPATH=$PWD:$PWD/containers/byo-vllm .venv/bin/python benchmarks/closed-loop/run.py \\
         --out benchmarks/closed-loop/DATE
