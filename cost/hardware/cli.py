@@ -37,6 +37,9 @@ def add_spec_arguments(p: argparse.ArgumentParser, model_flag: str = "--model", 
     g.add_argument("--max-num-batched-tokens", type=int, metavar="N")
     g.add_argument("--max-model-len", type=int, metavar="N")
     g.add_argument("--gpu-memory-utilization", type=float, default=0.9, metavar="F")
+    g.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                   help="vLLM schedules each step while the one before it runs (default: on, as vLLM since "
+                        "0.14.0; --no-async-scheduling for an older vLLM or a server started without it)")
     add_prefix_cache_argument(p)
 
 
@@ -61,7 +64,8 @@ def capacity_from_spec_args(args, input_tokens=None, output_tokens=None):
                         max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                         gpu_memory_utilization=args.gpu_memory_utilization,
                         input_tokens=input_tokens, output_tokens=output_tokens,
-                        prefix_cache_hit_rate=getattr(args, "prefix_cache_hit_rate", None) or 0.0)
+                        prefix_cache_hit_rate=getattr(args, "prefix_cache_hit_rate", None) or 0.0,
+                        async_scheduling=getattr(args, "async_scheduling", True))
 
 
 def throughput_from_spec_args(args, mix=None):

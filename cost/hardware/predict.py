@@ -8,6 +8,7 @@ and says what would work instead; it never guesses past a refusal.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -77,11 +78,13 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
                  max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
                  max_model_len: int | None = None, gpu_memory_utilization: float = 0.9,
                  input_tokens: float | None = None, output_tokens: float | None = None,
-                 efficiency_override=None, prefix_cache_hit_rate: float = 0.0
+                 efficiency_override=None, prefix_cache_hit_rate: float = 0.0, async_scheduling: bool = True
                  ) -> tuple[CapacityModel, dict[str, Any]]:
     """One replica's capacity model and the figures behind it (``details``: model, hardware,
     memory, assumptions). Raises ``DoesNotFit`` (a BadInput: exit 2) when vLLM could not start.
-    ``efficiency_override`` (an ``Efficiency``) replaces the shipped one: the calibration's fit."""
+    ``efficiency_override`` (an ``Efficiency``) replaces the shipped one: the calibration's fit.
+    ``async_scheduling``: vLLM's default since 0.14.0 (False: an older vLLM, or
+    ``--no-async-scheduling``)."""
     spec = model if isinstance(model, catalog.ModelSpec) else catalog.resolve(model)
     gpu_spec, count, tp, link, link_gb_s, inst = resolve_hardware(gpu, gpus, instance, tp)
     check_tp(spec, tp)
@@ -103,6 +106,7 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
     source = f"specs: {where}, {eff.source.split(':')[0]}" + reuse_note(prefix_cache_hit_rate)
     capacity, assumptions = step_model(spec, gpu_spec, tp, weights_dtype, plan, eff, link, link_gb_s,
                                        mix_in, source, prefix_cache_hit_rate)
+    capacity = dataclasses.replace(capacity, async_scheduling=bool(async_scheduling))
     assumptions = [
         {"what": "model config", "value": f"{spec.name} ({spec.architecture})", "source": spec.source},
         {"what": "GPU", "value": f"{gpu_spec.label}: {gpu_spec.memory_gib:g} GiB, {gpu_spec.bandwidth_gb_s:,.0f} GB/s",
@@ -113,7 +117,14 @@ def capacity_for(model: Any, gpu: str | None = None, gpus: int | None = None, in
         {"what": "KV cache", "value": f"{plan.kv_cache_tokens:,} tokens ({plan.kv_budget_gib:.2f} GiB a GPU at "
                                       f"{plan.kv_bytes_per_token:,.0f} bytes a token)",
          "source": "vLLM's memory arithmetic (cost/hardware/memory.py), fitted on four logged KV sizes"},
-        *assumptions]
+        *assumptions,
+        {"what": "async scheduling" + ("" if async_scheduling else " off"),
+         "value": ("each step is scheduled while the one before it runs: a request reaching a busy engine "
+                   "joins one step later than a synchronous scheduler takes it" if async_scheduling else
+                   "each step is scheduled when the one before it ends (vLLM before 0.14.0, or "
+                   "--no-async-scheduling)"),
+         "source": "vLLM's default since 0.14.0 (vllm/config/vllm.py; the engine loop's batch queue of two, "
+                   "vllm/v1/engine/core.py step_with_batch_queue)"}]
     if plan.max_model_len_lowered_from:
         assumptions.append({"what": "max_model_len lowered so vLLM starts",
                             "value": f"{plan.max_model_len:,} (the model's own {plan.max_model_len_lowered_from:,} "

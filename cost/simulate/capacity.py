@@ -18,7 +18,8 @@ A replica is one vLLM server. The simulator runs it in engine steps, as vLLM doe
   computed so far, this step's chunk included), and ``prefill_tokens`` the prompt tokens this
   step computes. ``step_base_s`` is the intercept; a lone sequence with an empty cache costs
   ``step_base_s + step_per_seq_s``.
-- a request's TTFT = its queue wait + the steps until its prefill is done (its first token comes
+- a request's TTFT = its queue wait (with ``async_scheduling``, one step more where it meets a
+  busy engine: ``cost.simulate.replica``) + the steps until its prefill is done (its first token comes
   out of the step that finishes its prefill) + ``request_overhead_s`` (what the client sees
   outside engine steps: HTTP, tokenising, detokenising, streaming). Its E2E adds one step per
   further output token.
@@ -130,6 +131,11 @@ class CapacityModel:
     # with --prefix-cache-hit-rate; 0 (every prompt new) where not given, as a capacity bench
     # measures it (its prompts are unique).
     prefix_cache_hit_rate: float = 0.0
+    # vLLM's async scheduling (its default since 0.14.0): the engine schedules each step while the
+    # one before it runs, so a request reaching a busy engine joins one step later than a
+    # synchronous scheduler would take it (cost.simulate.replica). Set by a model built from
+    # specs; False in a bench fit, whose measured steps and waits already carry the server's own.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in COEFFICIENTS:
@@ -150,6 +156,8 @@ class CapacityModel:
             raise BadInput(f"capacity model: frontend_request_s = {self.frontend_request_s!r} must be a number "
                            f"from 0 to request_overhead_s ({self.request_overhead_s!r}): it is a share of it")
         check_hit_rate(self.prefix_cache_hit_rate, "capacity model: prefix_cache_hit_rate")
+        if not isinstance(self.async_scheduling, bool):
+            raise BadInput(f"capacity model: async_scheduling = {self.async_scheduling!r} must be true or false")
         if (self.experts_read_s or self.experts_touch_s) and not (0 < self.experts_per_token <= self.experts):
             raise BadInput("capacity model: experts_read_s or experts_touch_s is set, so experts "
                            f"({self.experts!r}) and "
@@ -286,7 +294,7 @@ class CapacityModel:
                                                                 if len(missing) > 1 else "")
                            + f": a capacity model needs {', '.join(required)}")
         roofline = {k: doc[k] for k in ROOFLINE + ("experts", "experts_per_token", "frontend_request_s",
-                                              "prefix_cache_hit_rate")
+                                              "prefix_cache_hit_rate", "async_scheduling")
                     if doc.get(k) is not None}
         try:
             return cls(**{k: doc[k] for k in required}, **roofline,

@@ -27,6 +27,13 @@ answer (the cautious side: cached blocks shared between requests are counted for
 that names its prompts' blocks gives each replica its own cache of them instead
 (``cost.simulate.prefix``): the hits are those of that replica's history.
 
+With ``async_scheduling`` (vLLM's default since 0.14.0) the engine schedules each step while the
+one before it runs, so the step starting at a boundary was fixed at the boundary before: a
+request the engine gets during a step joins the step after next, where a synchronous scheduler
+would take it into the next one (vllm/v1/engine/core.py, ``step_with_batch_queue``, a batch queue
+of two). An engine with nothing scheduled takes it at once, as vLLM's loop schedules as soon as
+it has a request and no step in flight.
+
 A request whose client gave up (``Cancellation``: the rung's front-door timeouts) is dropped at
 a step boundary, as vLLM aborts a request between steps: its queue place, batch slot, KV cache
 and reserve are freed. Each deadline is one more change the replica stops at (the first step
@@ -73,7 +80,8 @@ class BatchingReplica:
                  "finish_heap", "first_token_at", "decode_started", "inputs", "outputs", "on_finish",
                  "base_s", "per_seq_s", "per_kv_s", "per_prefill_s", "max_seqs", "budget", "kv_capacity",
                  "busy_s", "gemm_s", "cancel", "deadlines", "waiting_first", "cancelled",
-                 "frontend_s", "frontend_free", "admitting", "flat_cached", "prefix_cache")
+                 "frontend_s", "frontend_free", "admitting", "flat_cached", "prefix_cache",
+                 "async_scheduling", "scheduled_from", "entered")
 
     def __init__(self, capacity, inputs, outputs, on_finish: Finished, now: float = 0.0,
                  cancel: Cancellation | None = None, prefix: PrefixBlocks | None = None) -> None:
@@ -115,6 +123,11 @@ class BatchingReplica:
         self.frontend_s = capacity.frontend_request_s
         self.frontend_free = now                 # when the front end is next free
         self.admitting: deque[tuple[float, int]] = deque()   # (when the engine gets it, request)
+        # Async scheduling: the step starting at a boundary takes only requests the engine had
+        # by ``scheduled_from``, the start of the step before it (when it was scheduled).
+        self.async_scheduling = getattr(capacity, "async_scheduling", False)
+        self.scheduled_from = now
+        self.entered: dict[int, float] = {}      # queued request -> when the engine got it (async only)
 
     # --- what the fleet asks -------------------------------------------------------------------
 
@@ -146,6 +159,8 @@ class BatchingReplica:
     def _enter(self, request: int, now: float) -> None:
         """The engine gets a request at ``now`` (it has run to ``now``)."""
         self.queue.append(request)
+        if self.async_scheduling:
+            self.entered[request] = now
         if self.cancel is not None:
             self.waiting_first.add(request)
             if self.cancel.drops_waiting:
@@ -158,6 +173,7 @@ class BatchingReplica:
         if not self.decoding and not self.prefilling:
             # An idle engine starts a step as soon as work arrives.
             self.clock = max(self.clock, now)
+            self.scheduled_from = self.clock
             self._schedule()
         elif self.clock == now:
             # Arriving exactly at a boundary: the step starting now takes it, as vLLM's scheduler
@@ -254,6 +270,8 @@ class BatchingReplica:
 
     def _run_steps(self, k: int, span: float) -> None:
         end = self.clock + span
+        # When the last of these steps started: the step after them was scheduled then.
+        self.scheduled_from = self.clock if (self.plan or k == 1) else self.clock + self._steps_s(k - 1)
         self.kv += self.decoding * k
         self.clock = end
         self.busy_s += span
@@ -293,6 +311,7 @@ class BatchingReplica:
     def _admit(self, request: int) -> list[int]:
         """A request leaves the queue for the batch: its reserve (whole prompt and answer), and its
         prefilling entry, with what of its prompt the prefix cache serves already computed."""
+        self.entered.pop(request, None)
         self.reserved += self.inputs[request] + self.outputs[request]
         cache = self.prefix_cache
         if cache is not None:
@@ -318,9 +337,16 @@ class BatchingReplica:
         # An empty engine admits any request, so a prompt larger than the cache cannot stall it.
         return running == 0 or self.reserved + self.inputs[request] + self.outputs[request] <= self.kv_capacity
 
+    def _scheduled_in_time(self, request: int) -> bool:
+        """Whether the step starting now could take this queued request: always, unless async
+        scheduling fixed that step before the engine had it."""
+        return not self.async_scheduling or self.entered[request] <= self.scheduled_from
+
     def _schedule(self) -> None:
         """At a step boundary: the next step's prompt chunks, for the prompts under way first, then
         for requests admitted from the queue while the token budget has room."""
+        if not (self.decoding or self.prefilling):
+            self.scheduled_from = self.clock     # nothing was scheduled ahead: the engine takes them now
         room = self._room()
         plan = []
         for entry in self.prefilling:
@@ -329,7 +355,7 @@ class BatchingReplica:
             chunk = min(self.inputs[entry[0]] - entry[1], room)
             plan.append((entry, chunk))
             room -= chunk
-        while room > 0 and self.queue and self._can_admit(self.queue[0]):
+        while room > 0 and self.queue and self._can_admit(self.queue[0]) and self._scheduled_in_time(self.queue[0]):
             request = self.queue.popleft()
             entry = self._admit(request)
             chunk = min(self.inputs[request] - entry[1], room)
@@ -397,4 +423,5 @@ class BatchingReplica:
                 self.queue.popleft()
             else:
                 self.queue.remove(request)
+            self.entered.pop(request, None)
         self.cancel.on_abort(request, self.clock)

@@ -14,7 +14,7 @@ import pytest
 
 from cost.hardware import catalog, gpus
 from cost.hardware.memory import LOGGED_KV_SIZES, EngineFlags, engine_defaults, plan_memory
-from cost.hardware.predict import DoesNotFit, burst, capacity_for, closed_loop
+from cost.hardware.predict import DoesNotFit, burst, capacity_for, closed_loop, open_loop
 from cost.simulate.capacity import CapacityModel, load_capacity
 from options.core import BadInput
 
@@ -311,6 +311,24 @@ def test_the_front_end_hands_requests_sent_together_to_the_engine_one_at_a_time(
     assert broken < waves / 1.5
     with pytest.raises(BadInput, match=r"frontend_request_s = 0.01 must be a number from 0 to request_overhead_s"):
         dataclasses.replace(capacity, frontend_request_s=0.01)
+
+
+def test_async_scheduling_is_vllms_default_and_can_be_turned_off():
+    """vLLM 0.14.0 on schedules each step while the one before it runs: at a steady load a new
+    request waits one decode step more for its first token, and the step itself is unchanged."""
+    on, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100")
+    off, details_off = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", async_scheduling=False)
+    assert on.async_scheduling is True and off.async_scheduling is False
+    assert any(a["what"] == "async scheduling" and "0.14.0" in a["source"] for a in details["assumptions"])
+    assert any(a["what"] == "async scheduling off" for a in details_off["assumptions"])
+    # Poisson arrivals at 5 a second, ~8 requests in flight: nearly every one meets a busy engine.
+    later, sooner = open_loop(on, 5, 1000, 200, requests=400), open_loop(off, 5, 1000, 200, requests=400)
+    assert later["tpot_ms"]["mean"] == pytest.approx(sooner["tpot_ms"]["mean"], rel=0.01)
+    assert later["ttft_ms"]["mean"] - sooner["ttft_ms"]["mean"] == pytest.approx(sooner["tpot_ms"]["mean"], rel=0.2)
+    done = cost_cli("capacity", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--gpu", "h100",
+                    "--no-async-scheduling", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["capacity"]["async_scheduling"] is False
 
 
 def test_a_burst_larger_than_the_batch_queues():
