@@ -63,7 +63,8 @@ def sharegpt_sizes(requests: int, input_mean: float, output_mean: float) -> tupl
 
 
 def point_capacity(point: dict[str, Any], efficiency=None):
-    """The capacity model a point's deployment gets (its engine flags, offline or server)."""
+    """The capacity model a point's deployment gets (its engine flags, offline or server; async
+    scheduling only where the point says its vLLM ran it)."""
     from cost.hardware import gpus
 
     gpu = gpus.instance(point["instance"]).gpu if point.get("instance") else gpus.gpu(point["gpu"])
@@ -74,7 +75,8 @@ def point_capacity(point: dict[str, Any], efficiency=None):
         flags["max_num_seqs"] = flags["max_num_seqs"] or OFFLINE_MAX_SEQS[large]
     capacity, details = capacity_for(point["model"], gpu=None if point.get("instance") else point["gpu"],
                                      instance=point.get("instance"), tp=point["tp"], dtype=point["dtype"],
-                                     efficiency_override=efficiency, **flags)
+                                     efficiency_override=efficiency,
+                                     async_scheduling=point.get("async_scheduling", False), **flags)
     if point.get("engine") == "offline":
         capacity = dataclasses.replace(capacity, request_overhead_s=0.0, frontend_request_s=0.0)
     return capacity, details
