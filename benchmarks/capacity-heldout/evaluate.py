@@ -168,6 +168,24 @@ def by_the_generator(row: dict[str, str], version: str | None) -> bool:
         return False
 
 
+# vLLM turned async scheduling on by default in 0.14.0 (vllm/config/scheduler.py: ``async_scheduling``
+# False in 0.13.0, None = on where supported in 0.14.0; read in both wheels).
+ASYNC_SCHEDULING_SINCE = (0, 14, 0)
+
+
+def async_by_default(version: str | None, row: dict[str, str] | None = None) -> bool:
+    """Whether the vLLM a point ran scheduled asynchronously by default: its version says so, or, a
+    nightly or local build, its measurement date is after 0.14.0's release. Unknown: False (a
+    synchronous scheduler, as every vLLM before 0.14.0)."""
+    if version:
+        try:
+            return tuple(int(x) for x in version.split(".")[:3]) >= ASYNC_SCHEDULING_SINCE
+        except ValueError:
+            pass
+    found = re.search(r"measured=(\d{4}-\d{2}-\d{2})", (row or {}).get("silicon_data_source", ""))
+    return bool(found) and found.group(1) >= VLLM_RELEASED["0.14.0"]
+
+
 def aic_kv_dtype(checkpoint_format: str | None) -> str:
     """The KV cache AIConfigurator's generator deploys: FP8 for a checkpoint quantized to FP8 or
     NVFP4, the model's own 16 bits otherwise. Its model reader gives such checkpoints an FP8 KV
@@ -295,7 +313,8 @@ def normalise_aiconfigurator(rows: Iterable[dict[str, str]], source: str = "sili
             "moe": fam[1], "gpu": gpu,
             "tp": tp, "dtype": suffix_dtype if dtype == "auto" and suffix_dtype else dtype,
             "kv_dtype": aic_kv_dtype(suffix_dtype) if generated else "auto",
-            "engine": aic_engine_flags(conc, isl, osl) if generated else {}, "vllm_version": version,
+            "engine": {**(aic_engine_flags(conc, isl, osl) if generated else {}),
+                       "async_scheduling": async_by_default(version, row)}, "vllm_version": version,
             "load": {"kind": "closed", "concurrency": conc, "input_tokens": isl, "output_tokens": osl,
                      "requests": AIC_ROUNDS * conc},
             "measured": measured, "comparators": {}, "source": source,
@@ -457,7 +476,9 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
         kept.append({
             "set": "sim-to-real", "subset": subset, "id": rid, "experiment": exp, "stage": stage, "workload": workload,
             "model": model, "family": fam[0], "moe": fam[1], "gpu": gpu, "tp": _int(first.get("tp")) or 1,
-            "dtype": "auto", "kv_dtype": "auto", "engine": {k: v for k, v in flags.items() if v is not None},
+            "dtype": "auto", "kv_dtype": "auto",
+            "engine": {**{k: v for k, v in flags.items() if v is not None},
+                       "async_scheduling": async_by_default(engine.get("vllm_version"))},
             "vllm_version": engine.get("vllm_version"),
             "load": {"kind": "open", "input_tokens": spec["input_tokens"], "output_tokens": spec["output_tokens"],
                      "stages": stages},

@@ -63,7 +63,8 @@ METRICS = {"ttft_ms": "mean_ttft", "tpot_ms": "mean_tpot", "e2e_ms": "mean_e2el"
 
 def engine_flags(gpu: str, isl: int, osl: int, concurrency: int) -> dict:
     """The recipe's vLLM flags for a point, as ``capacity_for`` takes them."""
-    flags = {"max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9}
+    # Every recipe passes --async-scheduling (vLLM's default only from 0.14.0).
+    flags = {"max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9, "async_scheduling": True}
     if gpu == "h100":
         return {**flags, "max_num_seqs": concurrency, "max_model_len": 10240}
     context = 2068 if isl + osl == 2048 else 9416

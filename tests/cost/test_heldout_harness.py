@@ -44,8 +44,9 @@ def test_aiconfigurator_rows_in_scope_become_closed_loop_workloads():
     assert w["load"] == {"kind": "closed", "concurrency": 8, "input_tokens": 1000, "output_tokens": 100,
                          "requests": 160}, "20 rounds of C, as AIConfigurator's benchmark scripts send"
     assert w["measured"] == {"ttft_mean": 111.0, "tpot_mean": 11.0}
-    assert w["engine"] == {"max_num_seqs": 8, "max_num_batched_tokens": 8 + 1000 + 1500, "max_model_len": 1000 + 100 + 1500}, \
-        "the flags AIConfigurator's generator gives the deployment it benchmarks"
+    assert w["engine"] == {"max_num_seqs": 8, "max_num_batched_tokens": 8 + 1000 + 1500, "max_model_len": 1000 + 100 + 1500,
+                           "async_scheduling": True}, \
+        "the flags AIConfigurator's generator gives the deployment it benchmarks, and its vLLM's scheduler"
     assert (w["gpu"], w["tp"], w["dtype"], w["family"], w["moe"]) == ("h100", 1, "auto", "llama-3", False)
     assert w["vllm_version"] == "9.9.9", "read from the image tag when backend_version is empty"
 
@@ -60,12 +61,24 @@ def test_aiconfigurator_rows_in_scope_become_closed_loop_workloads():
 ])
 def test_only_points_measured_since_the_generator_passed_its_flags_get_them(source, version, generated):
     """The generator's flags (and FP8 KV for an FP8 checkpoint) where the point's date, or its
-    vLLM's release, says the generator made its deployment; vLLM's defaults elsewhere."""
+    vLLM's release, says the generator made its deployment; vLLM's defaults elsewhere. (Async
+    scheduling, vLLM's default from 0.14.0, happens to fall on the same points here.)"""
     (w,) = ev.normalise_aiconfigurator([aic_row(silicon_data_source=source, backend_version=version,
                                                 model_path="Qwen/Qwen3-235B-A22B-FP8", gemm_quant_mode="fp8",
                                                 tp_size="4", moe_tp_size="4")])[0]
     assert ev.by_the_generator({"silicon_data_source": source}, version or None) is generated
-    assert bool(w["engine"]) is generated and (w["kv_dtype"] == "fp8") is generated, w
+    assert ("max_num_seqs" in w["engine"]) is generated and (w["kv_dtype"] == "fp8") is generated, w
+    assert w["engine"]["async_scheduling"] is generated, w
+
+
+@pytest.mark.parametrize("version, source, on", [
+    ("0.13.0", "", False), ("0.14.0", "", True), ("0.19.0", "", True),
+    ("nightly-5b8c30d62b754b57", "measured=2026-04-02T00:00:00Z", True),    # a nightly: by its date
+    ("nightly-0", "measured=2025-12-01T00:00:00Z", False),
+    (None, "measured=2025-10-29T00:00:00.000Z", False), (None, "", False),
+])
+def test_async_scheduling_is_given_to_the_points_whose_vllm_ran_it_by_default(version, source, on):
+    assert ev.async_by_default(version, {"silicon_data_source": source}) is on
 
 
 @pytest.mark.parametrize("changes, reason", [
@@ -177,7 +190,7 @@ def test_sim_to_real_records_become_one_open_loop_workload_per_stage(specs):
     assert w["measured"] == {"e2e_mean": 200.0, "ttft_mean": 201.0, "tpot_mean": 202.0, "e2e_p90": 203.0}
     assert w["comparators"]["sim-a"]["e2e_mean"] == pytest.approx(220.0)
     assert w["engine"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "max_model_len": 4096,
-                           "gpu_memory_utilization": 0.9}
+                           "gpu_memory_utilization": 0.9, "async_scheduling": True}
     assert (w["gpu"], w["family"], w["moe"], w["vllm_version"]) == ("h100", "llama-3", False, "9.9.9")
 
 

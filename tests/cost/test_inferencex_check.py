@@ -60,7 +60,8 @@ def test_each_point_is_the_closed_loop_of_its_recipes_deployment(mantile):
     assert b200["e2e_ms"]["ratio"] == pytest.approx(expected["e2e_ms"]["mean"] / 4000.0)
     # Hopper keeps the recipe's max_num_seqs = C, and the H100 its longer context.
     assert check.engine_flags("h100", 1024, 1024, 32) == {"max_num_batched_tokens": 8192, "gpu_memory_utilization": 0.9,
-                                                          "max_num_seqs": 32, "max_model_len": 10240}
+                                                          "async_scheduling": True, "max_num_seqs": 32,
+                                                          "max_model_len": 10240}
     assert check.engine_flags("h200", 1024, 1024, 8)["max_model_len"] == 2068
 
 
