@@ -98,7 +98,7 @@ def search(args: argparse.Namespace, table_from, eks_fixed_hourly) -> dict[str, 
                     max_num_seqs=args.max_num_seqs or LMI_MAX_NUM_SEQS,
                     max_num_batched_tokens=args.max_num_batched_tokens, max_model_len=args.max_model_len,
                     gpu_memory_utilization=args.gpu_memory_utilization, input_tokens=mean_in,
-                    prefix_cache_hit_rate=hit_rate,
+                    prefix_cache_hit_rate=hit_rate, async_scheduling=getattr(args, "async_scheduling", True),
                     output_tokens=mean_out)
             except BadInput as exc:
                 rows.append({**row, "status": "does not fit", "why": str(exc).split(". What fits")[0]})

@@ -41,6 +41,12 @@ def test_simulate_runs_a_trace_on_the_specs_capacity():
                      "--slo-ttft-ms", "2000", "--slo-e2e-ms", "60000")
     assert data["capacity"]["source"].startswith("specs: meta-llama/Llama-3.1-8B-Instruct")
     assert data["rungs"][0]["served"] > 0
+    assert data["capacity"]["async_scheduling"] is True, "vLLM's default since 0.14.0"
+    sync = cost_json("simulate", "--trace", TRACE, "--window", "0:300", "--model", BEDROCK,
+                     "--instance", "ml.g6e.xlarge", "--hf-model", LLAMA, "--rungs", "3", "--no-progress",
+                     "--slo-ttft-ms", "2000", "--slo-e2e-ms", "60000", "--no-async-scheduling")
+    assert sync["capacity"]["async_scheduling"] is False
+    assert sync["rungs"][0]["ttft_ms"]["p50"] < data["rungs"][0]["ttft_ms"]["p50"]
 
 
 def test_predict_gives_the_latency_of_one_fixed_deployment_from_specs_or_a_bench(tmp_path):
