@@ -740,6 +740,18 @@ def coverage(workloads: list[dict]) -> dict[str, dict[str, int]]:
     return {s: dict(g) for s, g in out.items()}
 
 
+def what_if_prefix_reuse(workloads: list[dict[str, Any]], hit_rate: float) -> list[dict[str, Any]]:
+    """The sim-to-real workloads as if vLLM's prefix cache served ``hit_rate`` of every prompt:
+    how much their figures hang on the one share those runs did not publish. Each says so in its
+    notes; the headline figures are without it."""
+    from cost.simulate.capacity import check_hit_rate
+
+    check_hit_rate(hit_rate, "--what-if-prefix-hit-rate")
+    return [{**w, "engine": {**w["engine"], "prefix_cache_hit_rate": hit_rate},
+             "notes": w["notes"] + [f"what-if: prefix-cache hit rate {hit_rate:g} (not published)"]}
+            for w in workloads]
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--aiconfigurator", metavar="DIR", help="ai-dynamo/aiconfigurator (git dir or clone)")
@@ -755,6 +767,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=3000, help="cap on simulated requests per open-loop stage")
     ap.add_argument("--limit", type=int, help="score only the first N workloads (a quick look)")
     ap.add_argument("--list", action="store_true", help="normalise and print coverage only; predict nothing")
+    ap.add_argument("--what-if-prefix-hit-rate", type=float, metavar="F",
+                    help="a sensitivity, not a result: predict the sim-to-real runs as if vLLM's prefix cache had "
+                         "served this share of every prompt (their runs cached an unpublished share; the "
+                         "headline is without). Never use it to choose a constant")
     args = ap.parse_args(argv)
     if not (args.aiconfigurator or args.sim_to_real):
         ap.error("give --aiconfigurator DIR and/or --sim-to-real DIR")
@@ -770,6 +786,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.sim_to_real:
         k, s, src = load_sim_to_real(Repo(args.sim_to_real), Repo(args.inference_sim) if args.inference_sim else None,
                                      args.with_cluster_run)
+        if args.what_if_prefix_hit_rate is not None:
+            k = what_if_prefix_reuse(k, args.what_if_prefix_hit_rate)
+            src.append(f"WHAT-IF: sim-to-real predicted at a prefix-cache hit rate of "
+                       f"{args.what_if_prefix_hit_rate:g} (not published; a sensitivity, not a result)")
         workloads += k; skipped += s; sources += src
     print(f"{len(workloads)} workloads in scope, {len(skipped)} rows skipped; by set and GPU: "
           f"{json.dumps(coverage(workloads))}", file=sys.stderr)

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
+from options.core import BadInput
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "capacity-heldout" / "evaluate.py"
 _spec = importlib.util.spec_from_file_location("heldout_evaluate", SCRIPT)
 ev = importlib.util.module_from_spec(_spec)
@@ -192,6 +194,17 @@ def test_sim_to_real_records_become_one_open_loop_workload_per_stage(specs):
     assert w["engine"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "max_model_len": 4096,
                            "gpu_memory_utilization": 0.9, "async_scheduling": True}
     assert (w["gpu"], w["family"], w["moe"], w["vllm_version"]) == ("h100", "llama-3", False, "9.9.9")
+
+
+def test_the_prefix_reuse_what_if_changes_only_its_copies_and_says_so(specs):
+    specs, engine = specs
+    rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
+    kept, _ = ev.normalise_sim_to_real(rows, specs, engine)
+    (what_if,) = ev.what_if_prefix_reuse(kept, 0.5)
+    assert what_if["engine"]["prefix_cache_hit_rate"] == 0.5 and "prefix_cache_hit_rate" not in kept[0]["engine"]
+    assert "what-if" in what_if["notes"][-1]
+    with pytest.raises(BadInput, match="--what-if-prefix-hit-rate"):
+        ev.what_if_prefix_reuse(kept, 1.5)
 
 
 def test_sim_to_real_skips_what_it_cannot_describe(specs):
