@@ -334,6 +334,11 @@ S2R_EXTRA = [("results/cluster_2000req/error_records.csv", "cluster")]
 S2R_DESIGN = "docs/plans/2026-03-04-sim-to-real-accuracy-validation-design.md"
 S2R_FIGURES_SPEC = "docs/superpowers/specs/2026-03-16-publication-figures-design.md"
 BLIS_TRAINVAL_README = "training/trainval_data/README.md"
+# BLIS's golden dataset of these experiments: per experiment, the inference-perf ``shared_prefix``
+# block its profile ran (system prompt, question and output lengths, groups, multi-turn) beside
+# BLIS's own predictions ("expected", never read here).
+BLIS_GOLDEN = "testdata/trained_physics_iter29.json"
+VLLM_BLOCK_TOKENS = 16      # vLLM's KV block on CUDA: the prefix cache serves whole blocks
 S2R_METRICS = {"e2e_mean": ("e2e", "mean"), "e2e_p90": ("e2e", "p90"), "e2e_p99": ("e2e", "p99"),
                "ttft_mean": ("ttft", "mean"), "ttft_p90": ("ttft", "p90"), "ttft_p99": ("ttft", "p99"),
                "itl_mean": ("tpot", "mean")}
@@ -397,6 +402,37 @@ def parse_reasoning_lite(readme_md: str, reasoning: dict | None) -> dict | None:
     return {"input_tokens": int(found.group(1)) + int(found.group(2)), "output_tokens": int(found.group(3)),
             "stages": [{"rate": float(rate.group(1)), "duration": duration}],
             "source": f"inference-sim {BLIS_TRAINVAL_README}"}
+
+
+def attach_system_prompts(golden_json: str, specs: dict[str, dict]) -> int:
+    """Each workload's shared system prompt, from BLIS's golden dataset: the inference-perf
+    ``shared_prefix`` block whose system prompt + question and output lengths are the workload's
+    (general: 100 + 447 / 248, as the design document's ~547 / ~248). Sets ``system_prompt_tokens``
+    on the specs it matches; returns how many."""
+    try:
+        experiments = json.loads(golden_json).get("experiments", [])
+    except (ValueError, AttributeError):
+        return 0
+    blocks = {}
+    for e in experiments:
+        sp = ((e.get("workload") or {}).get("inference_perf") or {}).get("shared_prefix") or {}
+        if {"system_prompt_len", "question_len", "output_len"} <= set(sp):
+            blocks[(sp["system_prompt_len"] + sp["question_len"], sp["output_len"])] = sp["system_prompt_len"]
+    matched = 0
+    for spec in specs.values():
+        system = blocks.get((spec["input_tokens"], spec["output_tokens"]))
+        if system is not None:
+            spec["system_prompt_tokens"] = system
+            matched += 1
+    return matched
+
+
+def system_prompt_reuse(spec: dict) -> float:
+    """The share of each prompt vLLM's prefix cache serves from the group's shared system prompt
+    (its whole KV blocks): the reuse the workload guarantees once a group's first request has run.
+    0 where the system prompt is not published."""
+    system = spec.get("system_prompt_tokens") or 0
+    return (system // VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS / spec["input_tokens"]
 
 
 def workload_of(folder: str, labelled: str) -> str:
@@ -468,9 +504,17 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
         flags = {"max_num_batched_tokens": _int(first.get("max_num_batched_tokens")),
                  "max_num_seqs": engine.get("max_num_seqs"), "max_model_len": engine.get("max_model_len"),
                  "gpu_memory_utilization": _float(first.get("gpu_mem_util")) or 0.9}
-        notes = [f"workload {workload}: {spec['source']}", "prefix caching on in the run (shared system prompt), "
-                 "multi-turn sessions (earlier turns in the prompt); predicted without prefix reuse (its hit rate "
-                 "is not published)"]
+        reuse = system_prompt_reuse(spec)
+        if reuse:
+            flags["prefix_cache_hit_rate"] = round(reuse, 4)
+            notes = [f"workload {workload}: {spec['source']}",
+                     f"a system prompt of {spec['system_prompt_tokens']} tokens shared by each group of users "
+                     f"({BLIS_GOLDEN} in inference-sim): the prefix cache serves its whole blocks, {reuse:.1%} of "
+                     "every prompt; the multi-turn sessions' history is not credited (the client version, and "
+                     "so whether turns carry it, is not published)"]
+        else:
+            notes = [f"workload {workload}: {spec['source']}", "prefix caching on in the run (shared system prompt), "
+                     "multi-turn sessions; predicted without prefix reuse (the system prompt's length is not found)"]
         if str(first.get("cpu_offload")).lower() == "true":
             notes.append("CPU KV offload on in the run (not modelled)")
         kept.append({
@@ -501,6 +545,12 @@ def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool) -> tuple[list[d
         rl = parse_reasoning_lite(text or "", specs.get("reasoning"))
         if rl:
             specs["reasoning-lite"] = rl
+        rev = blis.last_commit_with(BLIS_GOLDEN)
+        golden = blis.read(BLIS_GOLDEN, rev) if rev else blis.read(BLIS_GOLDEN)
+        if golden and attach_system_prompts(golden, specs):
+            for spec in specs.values():
+                if "system_prompt_tokens" in spec:
+                    spec["source"] += f"; system prompt: inference-sim {BLIS_GOLDEN}@{(rev or blis.head())[:10]}"
     kept, skipped, sources, seen = [], [], [], set()
     for path, label in S2R_RESULTS + (S2R_EXTRA if extra else []):
         rev = repo.last_commit_with(path)

@@ -5,6 +5,7 @@ are read by the script at run time. Pure: no predictor, no network."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -194,6 +195,27 @@ def test_sim_to_real_records_become_one_open_loop_workload_per_stage(specs):
     assert w["engine"] == {"max_num_batched_tokens": 2048, "max_num_seqs": 64, "max_model_len": 4096,
                            "gpu_memory_utilization": 0.9, "async_scheduling": True}
     assert (w["gpu"], w["family"], w["moe"], w["vllm_version"]) == ("h100", "llama-3", False, "9.9.9")
+
+
+def test_a_workloads_shared_system_prompt_is_found_by_its_lengths_and_credited_in_whole_blocks(specs):
+    specs, engine = specs
+    golden = json.dumps({"experiments": [
+        {"id": "1", "workload": {"inference_perf": {"shared_prefix": {
+            "system_prompt_len": 100, "question_len": 400, "output_len": 200, "enable_multi_turn_chat": True}}},
+         "expected": {"ttft_mean_ms": 1.0}},                           # BLIS's own prediction: never read
+        {"id": "2", "workload": {"inference_perf": {"shared_prefix": {
+            "system_prompt_len": 50, "question_len": 651, "output_len": 250}}}},   # 701 in: no workload's
+    ]})
+    specs = {name: dict(spec) for name, spec in specs.items()}
+    assert ev.attach_system_prompts(golden, specs) == 2             # general and general-lite (500 / 200)
+    assert specs["general"]["system_prompt_tokens"] == 100 and "system_prompt_tokens" not in specs["roleplay"]
+    assert ev.system_prompt_reuse(specs["general"]) == pytest.approx(96 / 500)    # six whole 16-token blocks
+    assert ev.system_prompt_reuse(specs["roleplay"]) == 0
+    assert ev.attach_system_prompts("not json", specs) == 0
+    rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
+    (w,) = ev.normalise_sim_to_real(rows, specs, engine)[0]
+    assert w["engine"]["prefix_cache_hit_rate"] == pytest.approx(0.192)
+    assert "100 tokens shared by each group" in w["notes"][1] and "not credited" in w["notes"][1]
 
 
 def test_the_prefix_reuse_what_if_changes_only_its_copies_and_says_so(specs):
