@@ -435,6 +435,33 @@ def system_prompt_reuse(spec: dict) -> float:
     return (system // VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS / spec["input_tokens"]
 
 
+def kv_cache_checks(golden_json: str, engine: dict[str, Any], api: Any) -> list[dict[str, Any]]:
+    """vLLM's logged KV cache of each sim-to-real deployment BLIS's golden dataset records
+    (``total_kv_blocks`` × 16 tokens) beside the memory arithmetic's prediction for the same model,
+    GPU, TP and engine flags (memory utilization 0.9, vLLM's default: the records leave it empty).
+    A check of ``cost capacity``'s KV figure, never fitted; models out of the catalog are left out."""
+    try:
+        experiments = json.loads(golden_json).get("experiments", [])
+    except (ValueError, AttributeError):
+        return []
+    out = []
+    for e in experiments:
+        gpu = S2R_GPUS.get(e.get("hardware", ""))
+        if not (gpu and e.get("total_kv_blocks") and family_of(e.get("model", ""))):
+            continue
+        try:
+            _, details = api.capacity_for(e["model"], gpu=gpu, tp=e["tp"], max_num_seqs=e.get("max_num_seqs"),
+                                          max_num_batched_tokens=e.get("max_num_batched_tokens"),
+                                          max_model_len=engine.get("max_model_len"))
+        except Exception:                               # noqa: BLE001 — out of scope: left out
+            continue
+        logged = VLLM_BLOCK_TOKENS * e["total_kv_blocks"]
+        out.append({"id": e["id"], "model": e["model"], "gpu": gpu, "tp": e["tp"], "logged_tokens": logged,
+                    "predicted_tokens": details["kv_cache_tokens"],
+                    "error": details["kv_cache_tokens"] / logged - 1})
+    return out
+
+
 def workload_of(folder: str, labelled: str) -> str:
     """The workload name from the experiment folder (the trainval file labels general-lite as
     general and reasoning-lite as reasoning; the folder keeps the difference)."""
@@ -850,6 +877,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     api = importlib.import_module(args.predictor)
+    kv = []
+    if args.sim_to_real and args.inference_sim:
+        blis = Repo(args.inference_sim)
+        golden = blis.read(BLIS_GOLDEN, blis.last_commit_with(BLIS_GOLDEN))
+        kv = kv_cache_checks(golden or "", parse_workload_table(Repo(args.sim_to_real).read(S2R_DESIGN) or "")[1], api)
     rows, pskipped = evaluate(workloads, api, args.max_requests, args.limit, log=lambda s: print(s, file=sys.stderr))
     skipped += pskipped
     summary = summarise(rows)
@@ -858,10 +890,17 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(
         {"date": when, "sources": sources, "predictor": args.predictor, "coverage": coverage(workloads),
-         "summary": summary, "rows": rows, "skipped": skipped}, indent=1))
+         "summary": summary, "kv_cache": kv, "rows": rows, "skipped": skipped}, indent=1))
     md = markdown(rows, skipped, summary, sources, when)
     (out / "results.md").write_text(md)
     print(md.split("## Every scored point")[0])
+    if kv:
+        print(f"KV cache: the memory arithmetic against {len(kv)} logged sizes of the sim-to-real deployments "
+              f"({BLIS_GOLDEN}): median |error| {100 * statistics.median(abs(k['error']) for k in kv):.1f} %, "
+              f"worst {100 * max(abs(k['error']) for k in kv):.1f} %")
+        for k in kv:
+            print(f"  {k['id']}: {k['model']} TP{k['tp']} on {k['gpu']}: {k['predicted_tokens']:,} predicted, "
+                  f"{k['logged_tokens']:,} logged ({100 * k['error']:+.1f} %)")
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}", file=sys.stderr)
     return 0
 

@@ -218,6 +218,23 @@ def test_a_workloads_shared_system_prompt_is_found_by_its_lengths_and_credited_i
     assert "100 tokens shared by each group" in w["notes"][1] and "not credited" in w["notes"][1]
 
 
+def test_the_logged_kv_caches_of_the_deployments_are_set_beside_the_memory_arithmetic():
+    from cost.hardware.predict import capacity_for
+
+    _, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", max_num_seqs=128,
+                              max_num_batched_tokens=2048, max_model_len=4096)
+    golden = json.dumps({"experiments": [
+        {"id": "7", "model": "meta-llama/Llama-3.1-8B-Instruct", "hardware": "H100", "tp": 1, "max_num_seqs": 128,
+         "max_num_batched_tokens": 2048, "total_kv_blocks": details["kv_cache_tokens"] // 16 * 2},
+        {"id": "8", "model": "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "hardware": "H100", "tp": 2,
+         "total_kv_blocks": 8253},                     # out of scope: left out
+    ]})
+    (check,) = ev.kv_cache_checks(golden, {"max_model_len": 4096}, SimpleNamespace(capacity_for=capacity_for))
+    assert check["predicted_tokens"] == details["kv_cache_tokens"]
+    assert check["logged_tokens"] == details["kv_cache_tokens"] // 16 * 32
+    assert check["error"] == pytest.approx(-0.5, abs=1e-3)
+
+
 def test_the_prefix_reuse_what_if_changes_only_its_copies_and_says_so(specs):
     specs, engine = specs
     rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
