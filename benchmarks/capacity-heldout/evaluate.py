@@ -661,8 +661,11 @@ def predict(workload: dict[str, Any], api: Any, cache: dict, max_requests: int, 
             kw.update(requests=load["requests"], steady_state=False)
         elif _accepts(api.closed_loop, "requests"):    # steady state needs more than 2C (ramp and drain cut)
             kw["requests"] = max(3 * c, min(max(10 * c, 200), max_requests))
-        res = api.closed_loop(cap, concurrency=c, input_tokens=load["input_tokens"],
-                              output_tokens=load["output_tokens"], **kw)
+        if load.get("answer_spread"):
+            res = _spread_closed_loop(cap, c, load, kw.get("requests") or 20 * c, seed)
+        else:
+            res = api.closed_loop(cap, concurrency=c, input_tokens=load["input_tokens"],
+                                  output_tokens=load["output_tokens"], **kw)
         out = {}
         for m in ("ttft", "tpot", "e2e"):
             for s in ("mean", "p50", "p90", "p99"):
@@ -817,6 +820,31 @@ def coverage(workloads: list[dict]) -> dict[str, dict[str, int]]:
     return {s: dict(g) for s, g in out.items()}
 
 
+def _spread_closed_loop(cap, concurrency: int, load: dict[str, Any], requests: int, seed: int) -> dict[str, Any]:
+    """The closed loop with its answers' lengths drawn uniformly within ±spread/2 of the nominal
+    (same mean), prompts fixed: every request counted (``what_if_answer_spread``)."""
+    import numpy as np
+    from cost.hardware.calibration import closed_loop_sizes
+
+    osl, half = load["output_tokens"], load["answer_spread"] / 2
+    rng = np.random.default_rng(seed)
+    outputs = rng.integers(max(1, round(osl * (1 - half))), round(osl * (1 + half)) + 1, requests)
+    return closed_loop_sizes(cap, concurrency, np.full(requests, int(load["input_tokens"])), outputs)
+
+
+def what_if_answer_spread(workloads: list[dict[str, Any]], spread: float) -> list[dict[str, Any]]:
+    """AIConfigurator's closed loops with their answers' lengths spread by ``spread`` (uniform,
+    same mean) instead of identical: how much their figures hang on the simulator keeping loops of
+    identical requests in step, which the servers, as far as the numbers tell, did not."""
+    from options.core import BadInput
+
+    if not 0 < spread < 2:
+        raise BadInput(f"--what-if-answer-spread {spread!r} must lie between 0 and 2 (a share of the answer's length)")
+    return [{**w, "load": {**w["load"], "answer_spread": spread},
+             "notes": w["notes"] + [f"what-if: answers' lengths spread by {spread:g} (the runs' were identical)"]}
+            if w["set"] == "aiconfigurator" and w["load"]["kind"] == "closed" else w for w in workloads]
+
+
 def what_if_prefix_reuse(workloads: list[dict[str, Any]], hit_rate: float) -> list[dict[str, Any]]:
     """The sim-to-real workloads as if vLLM's prefix cache served ``hit_rate`` of every prompt:
     how much their figures hang on the one share those runs did not publish. Each says so in its
@@ -844,6 +872,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-requests", type=int, default=3000, help="cap on simulated requests per open-loop stage")
     ap.add_argument("--limit", type=int, help="score only the first N workloads (a quick look)")
     ap.add_argument("--list", action="store_true", help="normalise and print coverage only; predict nothing")
+    ap.add_argument("--what-if-answer-spread", type=float, metavar="F",
+                    help="a sensitivity, not a result: predict AIConfigurator's closed loops with their answers' "
+                         "lengths spread by F (uniform, same mean) instead of identical. Never use it to choose "
+                         "a constant")
     ap.add_argument("--what-if-prefix-hit-rate", type=float, metavar="F",
                     help="a sensitivity, not a result: predict the sim-to-real runs as if vLLM's prefix cache had "
                          "served this share of every prompt (their runs cached an unpublished share; the "
@@ -851,6 +883,11 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not (args.aiconfigurator or args.sim_to_real):
         ap.error("give --aiconfigurator DIR and/or --sim-to-real DIR")
+    try:                                                 # refuse a bad what-if before reading anything
+        what_if_answer_spread([], args.what_if_answer_spread) if args.what_if_answer_spread is not None else None
+        what_if_prefix_reuse([], args.what_if_prefix_hit_rate) if args.what_if_prefix_hit_rate is not None else None
+    except Exception as exc:                             # noqa: BLE001 — BadInput: the message says what is wrong
+        ap.error(str(exc))
 
     workloads, skipped, sources = [], [], []
     if args.aiconfigurator:
@@ -859,6 +896,10 @@ def main(argv: list[str] | None = None) -> int:
             with open(args.aiconfigurator_predictions, newline="") as f:
                 n = attach_aiconfigurator_predictions(k, csv.DictReader(f))
             src.append(f"{args.aiconfigurator_predictions} (AIConfigurator's predictions, {n} rows matched)")
+        if args.what_if_answer_spread is not None:
+            k = what_if_answer_spread(k, args.what_if_answer_spread)
+            src.append(f"WHAT-IF: AIConfigurator's answers' lengths spread by {args.what_if_answer_spread:g} "
+                       "(they were identical; a sensitivity, not a result)")
         workloads += k; skipped += s; sources += src
     if args.sim_to_real:
         k, s, src = load_sim_to_real(Repo(args.sim_to_real), Repo(args.inference_sim) if args.inference_sim else None,

@@ -235,6 +235,20 @@ def test_the_logged_kv_caches_of_the_deployments_are_set_beside_the_memory_arith
     assert check["error"] == pytest.approx(-0.5, abs=1e-3)
 
 
+def test_the_answer_spread_what_if_varies_only_aiconfigurators_answers_about_the_same_mean():
+    from cost.hardware import predict as api
+
+    (w,) = ev.normalise_aiconfigurator([aic_row()])[0]
+    (spread,) = ev.what_if_answer_spread([w], 0.2)
+    assert spread["load"]["answer_spread"] == 0.2 and "answer_spread" not in w["load"]
+    assert "what-if" in spread["notes"][-1]
+    identical, varied = ev.predict(w, api, {}, 3000), ev.predict(spread, api, {}, 3000)
+    assert varied["tpot_mean"] == pytest.approx(identical["tpot_mean"], rel=0.1)    # the same work a request
+    assert varied != identical
+    with pytest.raises(BadInput, match="--what-if-answer-spread 2.5 must lie between 0 and 2"):
+        ev.what_if_answer_spread([w], 2.5)
+
+
 def test_the_prefix_reuse_what_if_changes_only_its_copies_and_says_so(specs):
     specs, engine = specs
     rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
