@@ -662,10 +662,9 @@ def predict(workload: dict[str, Any], api: Any, cache: dict, max_requests: int, 
         elif _accepts(api.closed_loop, "requests"):    # steady state needs more than 2C (ramp and drain cut)
             kw["requests"] = max(3 * c, min(max(10 * c, 200), max_requests))
         if load.get("answer_spread"):
-            res = _spread_closed_loop(cap, c, load, kw.get("requests") or 20 * c, seed)
-        else:
-            res = api.closed_loop(cap, concurrency=c, input_tokens=load["input_tokens"],
-                                  output_tokens=load["output_tokens"], **kw)
+            kw.update(answer_spread=load["answer_spread"], seed=seed)
+        res = api.closed_loop(cap, concurrency=c, input_tokens=load["input_tokens"],
+                              output_tokens=load["output_tokens"], **kw)
         out = {}
         for m in ("ttft", "tpot", "e2e"):
             for s in ("mean", "p50", "p90", "p99"):
@@ -818,18 +817,6 @@ def coverage(workloads: list[dict]) -> dict[str, dict[str, int]]:
     for w in workloads:
         out[w["set"]][w["gpu"]] += 1
     return {s: dict(g) for s, g in out.items()}
-
-
-def _spread_closed_loop(cap, concurrency: int, load: dict[str, Any], requests: int, seed: int) -> dict[str, Any]:
-    """The closed loop with its answers' lengths drawn uniformly within ±spread/2 of the nominal
-    (same mean), prompts fixed: every request counted (``what_if_answer_spread``)."""
-    import numpy as np
-    from cost.hardware.calibration import closed_loop_sizes
-
-    osl, half = load["output_tokens"], load["answer_spread"] / 2
-    rng = np.random.default_rng(seed)
-    outputs = rng.integers(max(1, round(osl * (1 - half))), round(osl * (1 + half)) + 1, requests)
-    return closed_loop_sizes(cap, concurrency, np.full(requests, int(load["input_tokens"])), outputs)
 
 
 def what_if_answer_spread(workloads: list[dict[str, Any]], spread: float) -> list[dict[str, Any]]:

@@ -264,7 +264,8 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
 
 
 def closed_loop(capacity: CapacityModel, concurrency: int, input_tokens: int, output_tokens: int,
-                requests: int | None = None, steady_state: bool = True) -> dict[str, Any]:
+                requests: int | None = None, steady_state: bool = True, answer_spread: float = 0.0,
+                seed: int = 0) -> dict[str, Any]:
     """C requests of these sizes always in flight (a benchmark client at fixed concurrency).
     Queueing is included where the KV cache or ``max_num_seqs`` cannot hold C.
 
@@ -274,14 +275,27 @@ def closed_loop(capacity: CapacityModel, concurrency: int, input_tokens: int, ou
     one counted. ``vllm bench serve --max-concurrency C --num-prompts N`` and AIPerf (whose
     profiling phase starts once its warmup has drained) both start C requests at once, so their
     mean TTFT carries that first wave's prefill queue (C prompts through the step's token
-    budget) at a weight of C / N."""
+    budget) at a weight of C / N.
+
+    ``answer_spread`` F draws each answer's length uniformly within ±F/2 of ``output_tokens``
+    (same mean; seeded). Identical requests stay in step here: those that finish in one step come
+    back together and are prefilled together, round after round. Servers measured with identical
+    requests did not keep them so (benchmarks/capacity-heldout/README.md, "closed loops of
+    identical requests"): their first tokens fell between this loop's and the same loop's with
+    answers varied by a fifth, which breaks the groups up."""
     if not (isinstance(concurrency, int) and concurrency >= 1):
         raise BadInput(f"--concurrency {concurrency!r} must be a whole number >= 1")
     if requests is not None and not (isinstance(requests, int) and requests >= 1):
         raise BadInput(f"requests {requests!r} must be a whole number >= 1")
+    if not (isinstance(answer_spread, (int, float)) and 0 <= answer_spread < 2):
+        raise BadInput(f"answer spread {answer_spread!r} must lie from 0 to < 2 (a share of the answer's length)")
     n = requests or max(10 * concurrency, 200)
     inputs = np.full(n, int(input_tokens))
     outputs = np.full(n, max(1, int(output_tokens)))
+    if answer_spread:
+        half = answer_spread / 2
+        outputs = np.random.default_rng(seed).integers(max(1, round(output_tokens * (1 - half))),
+                                                       round(output_tokens * (1 + half)) + 1, n)
     arrival, first, last = _run(capacity, np.zeros(n), inputs, outputs, closed_concurrency=concurrency)
     keep = np.zeros(n, dtype=bool)
     if steady_state:

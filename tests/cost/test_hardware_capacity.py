@@ -331,6 +331,23 @@ def test_async_scheduling_is_vllms_default_and_can_be_turned_off():
     assert json.loads(done.stdout)["capacity"]["async_scheduling"] is False
 
 
+def test_a_loop_of_identical_requests_stays_in_step_and_varied_answers_break_it_up():
+    """Identical requests that finish in one step come back together and are prefilled together
+    again; answers varied by a fifth (same mean) break the groups up, so the same work meets
+    shorter prefill queues (gpt-oss-120b on one H200 at 1k / 1k, 8 in flight, 2,532 tokens a step:
+    the AIConfigurator deployment whose servers measured 106 ms)."""
+    capacity, _ = capacity_for("openai/gpt-oss-120b", gpu="h200", max_num_seqs=8, max_num_batched_tokens=2532,
+                               max_model_len=3548)
+    in_step = closed_loop(capacity, 8, 1024, 1024, requests=160, steady_state=False)
+    broken = closed_loop(capacity, 8, 1024, 1024, requests=160, steady_state=False, answer_spread=0.2)
+    assert broken["ttft_ms"]["mean"] < 0.6 * in_step["ttft_ms"]["mean"]
+    assert broken["tpot_ms"]["mean"] == pytest.approx(in_step["tpot_ms"]["mean"], rel=0.1)
+    again = closed_loop(capacity, 8, 1024, 1024, requests=160, steady_state=False, answer_spread=0.2)
+    assert again == broken                                        # seeded
+    with pytest.raises(BadInput, match="answer spread 2 must lie from 0 to < 2"):
+        closed_loop(capacity, 8, 1024, 1024, answer_spread=2)
+
+
 def test_a_burst_larger_than_the_batch_queues():
     capacity, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", max_num_seqs=4)
     run = burst(capacity, [100] * 12, [50] * 12)
@@ -383,6 +400,8 @@ def test_cli_capacity_json_has_the_promised_fields_and_a_loadable_capacity(tmp_p
     assert all(a["source"] for a in data["assumptions"])
     at = data["at_concurrency"]
     assert at["ttft_ms"] > 0 and at["tpot_ms"] > 0 and at["e2e_ms"] > at["ttft_ms"] and at["output_tok_s"] > 0
+    varied = at["answers_varied"]
+    assert varied["spread"] == 0.2 and varied["tpot_ms"] == pytest.approx(at["tpot_ms"], rel=0.15)
     (loop,) = [a for a in data["assumptions"] if a["what"].startswith("closed loop")]
     assert "8 requests of exactly 1000 in / 200 out" in loop["what"], loop   # what the figures assume
     path = tmp_path / "cap.json"
