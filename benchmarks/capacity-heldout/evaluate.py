@@ -404,15 +404,19 @@ def parse_reasoning_lite(readme_md: str, reasoning: dict | None) -> dict | None:
             "source": f"inference-sim {BLIS_TRAINVAL_README}"}
 
 
-def attach_system_prompts(golden_json: str, specs: dict[str, dict]) -> int:
+def golden_experiments(golden_json: str) -> list[dict[str, Any]]:
+    """The experiments of BLIS's golden dataset (``BLIS_GOLDEN``); none where it cannot be read."""
+    try:
+        return list(json.loads(golden_json).get("experiments", []))
+    except (ValueError, AttributeError, TypeError):
+        return []
+
+
+def attach_system_prompts(experiments: list[dict[str, Any]], specs: dict[str, dict]) -> int:
     """Each workload's shared system prompt, from BLIS's golden dataset: the inference-perf
     ``shared_prefix`` block whose system prompt + question and output lengths are the workload's
     (general: 100 + 447 / 248, as the design document's ~547 / ~248). Sets ``system_prompt_tokens``
     on the specs it matches; returns how many."""
-    try:
-        experiments = json.loads(golden_json).get("experiments", [])
-    except (ValueError, AttributeError):
-        return 0
     blocks = {}
     for e in experiments:
         sp = ((e.get("workload") or {}).get("inference_perf") or {}).get("shared_prefix") or {}
@@ -435,15 +439,11 @@ def system_prompt_reuse(spec: dict) -> float:
     return (system // VLLM_BLOCK_TOKENS) * VLLM_BLOCK_TOKENS / spec["input_tokens"]
 
 
-def kv_cache_checks(golden_json: str, engine: dict[str, Any], api: Any) -> list[dict[str, Any]]:
+def kv_cache_checks(experiments: list[dict[str, Any]], engine: dict[str, Any], api: Any) -> list[dict[str, Any]]:
     """vLLM's logged KV cache of each sim-to-real deployment BLIS's golden dataset records
     (``total_kv_blocks`` × 16 tokens) beside the memory arithmetic's prediction for the same model,
     GPU, TP and engine flags (memory utilization 0.9, vLLM's default: the records leave it empty).
     A check of ``cost capacity``'s KV figure, never fitted; models out of the catalog are left out."""
-    try:
-        experiments = json.loads(golden_json).get("experiments", [])
-    except (ValueError, AttributeError):
-        return []
     out = []
     for e in experiments:
         gpu = S2R_GPUS.get(e.get("hardware", ""))
@@ -558,7 +558,17 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
     return kept, skipped
 
 
-def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool) -> tuple[list[dict], list[dict], list[str]]:
+def read_golden(blis: Repo) -> tuple[list[dict[str, Any]], str]:
+    """BLIS's golden dataset, read once: its experiments and the commit they were read at."""
+    rev = blis.last_commit_with(BLIS_GOLDEN)
+    return golden_experiments(blis.read(BLIS_GOLDEN, rev) or ""), (rev or blis.head())[:10]
+
+
+def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool,
+                     golden: tuple[list[dict[str, Any]], str] | None = None
+                     ) -> tuple[list[dict], list[dict], list[str], dict[str, Any]]:
+    """The sim-to-real workloads, skipped rows and sources, and the design document's engine line.
+    ``golden``: BLIS's golden dataset as ``read_golden`` gives it (read here when not given)."""
     design = repo.read(S2R_DESIGN)
     if design is None:
         raise SystemExit(f"{repo.root}: {S2R_DESIGN} not found (is this the sim-to-real repository?)")
@@ -572,12 +582,11 @@ def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool) -> tuple[list[d
         rl = parse_reasoning_lite(text or "", specs.get("reasoning"))
         if rl:
             specs["reasoning-lite"] = rl
-        rev = blis.last_commit_with(BLIS_GOLDEN)
-        golden = blis.read(BLIS_GOLDEN, rev) if rev else blis.read(BLIS_GOLDEN)
-        if golden and attach_system_prompts(golden, specs):
+        experiments, at = golden or read_golden(blis)
+        if attach_system_prompts(experiments, specs):
             for spec in specs.values():
                 if "system_prompt_tokens" in spec:
-                    spec["source"] += f"; system prompt: inference-sim {BLIS_GOLDEN}@{(rev or blis.head())[:10]}"
+                    spec["source"] += f"; system prompt: inference-sim {BLIS_GOLDEN}@{at}"
     kept, skipped, sources, seen = [], [], [], set()
     for path, label in S2R_RESULTS + (S2R_EXTRA if extra else []):
         rev = repo.last_commit_with(path)
@@ -591,7 +600,7 @@ def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool) -> tuple[list[d
         kept += k
         skipped += s
         sources.append(where)
-    return kept, skipped, sources
+    return kept, skipped, sources, engine
 
 
 def attach_aiconfigurator_predictions(workloads: list[dict], rows: Iterable[dict[str, str]]) -> int:
@@ -877,6 +886,7 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(str(exc))
 
     workloads, skipped, sources = [], [], []
+    golden, s2r_engine = None, {}
     if args.aiconfigurator:
         k, s, src = load_aiconfigurator(Repo(args.aiconfigurator))
         if args.aiconfigurator_predictions:
@@ -889,8 +899,9 @@ def main(argv: list[str] | None = None) -> int:
                        "(they were identical; a sensitivity, not a result)")
         workloads += k; skipped += s; sources += src
     if args.sim_to_real:
-        k, s, src = load_sim_to_real(Repo(args.sim_to_real), Repo(args.inference_sim) if args.inference_sim else None,
-                                     args.with_cluster_run)
+        blis = Repo(args.inference_sim) if args.inference_sim else None
+        golden = read_golden(blis) if blis else None
+        k, s, src, s2r_engine = load_sim_to_real(Repo(args.sim_to_real), blis, args.with_cluster_run, golden)
         if args.what_if_prefix_hit_rate is not None:
             k = what_if_prefix_reuse(k, args.what_if_prefix_hit_rate)
             src.append(f"WHAT-IF: sim-to-real predicted at a prefix-cache hit rate of "
@@ -905,11 +916,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     api = importlib.import_module(args.predictor)
-    kv = []
-    if args.sim_to_real and args.inference_sim:
-        blis = Repo(args.inference_sim)
-        golden = blis.read(BLIS_GOLDEN, blis.last_commit_with(BLIS_GOLDEN))
-        kv = kv_cache_checks(golden or "", parse_workload_table(Repo(args.sim_to_real).read(S2R_DESIGN) or "")[1], api)
+    kv = kv_cache_checks(golden[0], s2r_engine, api) if golden else []
     rows, pskipped = evaluate(workloads, api, args.max_requests, args.limit, log=lambda s: print(s, file=sys.stderr))
     skipped += pskipped
     summary = summarise(rows)

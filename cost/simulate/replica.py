@@ -125,7 +125,7 @@ class BatchingReplica:
         self.admitting: deque[tuple[float, int]] = deque()   # (when the engine gets it, request)
         # Async scheduling: the step starting at a boundary takes only requests the engine had
         # by ``scheduled_from``, the start of the step before it (when it was scheduled).
-        self.async_scheduling = getattr(capacity, "async_scheduling", False)
+        self.async_scheduling = capacity.async_scheduling
         self.scheduled_from = now
         self.entered: dict[int, float] = {}      # queued request -> when the engine got it (async only)
 
@@ -173,7 +173,6 @@ class BatchingReplica:
         if not self.decoding and not self.prefilling:
             # An idle engine starts a step as soon as work arrives.
             self.clock = max(self.clock, now)
-            self.scheduled_from = self.clock
             self._schedule()
         elif self.clock == now:
             # Arriving exactly at a boundary: the step starting now takes it, as vLLM's scheduler
@@ -270,8 +269,9 @@ class BatchingReplica:
 
     def _run_steps(self, k: int, span: float) -> None:
         end = self.clock + span
-        # When the last of these steps started: the step after them was scheduled then.
-        self.scheduled_from = self.clock if (self.plan or k == 1) else self.clock + self._steps_s(k - 1)
+        if self.async_scheduling:
+            # When the last of these steps started: the step after them was scheduled then.
+            self.scheduled_from = self.clock if (self.plan or k == 1) else self.clock + self._steps_s(k - 1)
         self.kv += self.decoding * k
         self.clock = end
         self.busy_s += span

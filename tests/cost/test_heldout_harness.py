@@ -207,11 +207,11 @@ def test_a_workloads_shared_system_prompt_is_found_by_its_lengths_and_credited_i
             "system_prompt_len": 50, "question_len": 651, "output_len": 250}}}},   # 701 in: no workload's
     ]})
     specs = {name: dict(spec) for name, spec in specs.items()}
-    assert ev.attach_system_prompts(golden, specs) == 2             # general and general-lite (500 / 200)
+    assert ev.attach_system_prompts(ev.golden_experiments(golden), specs) == 2   # general, general-lite (500 / 200)
     assert specs["general"]["system_prompt_tokens"] == 100 and "system_prompt_tokens" not in specs["roleplay"]
     assert ev.system_prompt_reuse(specs["general"]) == pytest.approx(96 / 500)    # six whole 16-token blocks
     assert ev.system_prompt_reuse(specs["roleplay"]) == 0
-    assert ev.attach_system_prompts("not json", specs) == 0
+    assert ev.attach_system_prompts(ev.golden_experiments("not json"), specs) == 0
     rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
     (w,) = ev.normalise_sim_to_real(rows, specs, engine)[0]
     assert w["engine"]["prefix_cache_hit_rate"] == pytest.approx(0.192)
@@ -229,7 +229,8 @@ def test_the_logged_kv_caches_of_the_deployments_are_set_beside_the_memory_arith
         {"id": "8", "model": "RedHatAI/Llama-4-Scout-17B-16E-Instruct-FP8-dynamic", "hardware": "H100", "tp": 2,
          "total_kv_blocks": 8253},                     # out of scope: left out
     ]})
-    (check,) = ev.kv_cache_checks(golden, {"max_model_len": 4096}, SimpleNamespace(capacity_for=capacity_for))
+    (check,) = ev.kv_cache_checks(ev.golden_experiments(golden), {"max_model_len": 4096},
+                                  SimpleNamespace(capacity_for=capacity_for))
     assert check["predicted_tokens"] == details["kv_cache_tokens"]
     assert check["logged_tokens"] == details["kv_cache_tokens"] // 16 * 32
     assert check["error"] == pytest.approx(-0.5, abs=1e-3)
