@@ -637,6 +637,44 @@ def load_aiconfigurator(repo: Repo) -> tuple[list[dict], list[dict], list[str]]:
 
 # --- predicting ----------------------------------------------------------------------------------
 
+# FACTS §13: vLLM's prefill reaches ~26-47 % of a Hopper GPU's dense peak. A closed loop whose
+# prompts alone would need more than this share did not compute them all.
+PREFILL_SHARE_CEILING = 0.5
+
+
+def implied_prompt_compute(workloads: list[dict[str, Any]], api: Any) -> list[dict[str, Any]]:
+    """For each AIConfigurator closed loop with both TTFT and TPOT measured: the share of its GPUs'
+    dense peak its prompts alone would take if every prompt token were computed. The rate is the
+    measured one (C requests in flight, each lasting TTFT + (OSL − 1) × TPOT); a prompt token costs
+    2 FLOPs an active weight (attention left out, so the share is a floor); the peak is TP × the
+    GPU's at the weights' format (16-bit where it has no instruction for it). Only measurements and
+    spec sheets enter, no prediction. Above ``PREFILL_SHARE_CEILING`` the prompts were not all
+    computed (vLLM's prefix cache serving prompts a client sent again: AIPerf draws every request
+    from a pool of 100 unless told otherwise) or the run differed from its description."""
+    out, specs = [], {}
+    for w in workloads:
+        load, measured = w["load"], w["measured"]
+        if w["set"] != "aiconfigurator" or not {"ttft_mean", "tpot_mean"} <= set(measured):
+            continue
+        key = (w.get("catalog_model") or w["model"], w["gpu"], w["tp"], w["dtype"])
+        if key not in specs:
+            try:
+                specs[key] = api.capacity_for(key[0], gpu=key[1], tp=key[2], dtype=key[3])[1]
+            except Exception:                           # noqa: BLE001 — a model that does not fit: no check
+                specs[key] = None
+        details = specs[key]
+        if details is None:
+            continue
+        tflops = details["hardware"]["tflops"]
+        peak = 1e12 * details["hardware"]["tp"] * (tflops.get(details["model"]["dtype"]) or tflops["bf16"])
+        e2e_s = (measured["ttft_mean"] + (load["output_tokens"] - 1) * measured["tpot_mean"]) / 1e3
+        flops = load["concurrency"] / e2e_s * load["input_tokens"] * 2 * details["model"]["active_params"]
+        out.append({"id": w["id"], "model": w["model"], "gpu": w["gpu"], "tp": w["tp"], "dtype": details["model"]["dtype"],
+                    "concurrency": load["concurrency"], "input_tokens": load["input_tokens"],
+                    "output_tokens": load["output_tokens"], "share_of_peak": flops / peak})
+    return out
+
+
 def _accepts(fn: Callable, name: str) -> bool:
     try:
         params = inspect.signature(fn).parameters
@@ -917,6 +955,7 @@ def main(argv: list[str] | None = None) -> int:
 
     api = importlib.import_module(args.predictor)
     kv = kv_cache_checks(golden[0], s2r_engine, api) if golden else []
+    prompt_compute = implied_prompt_compute(workloads, api)
     rows, pskipped = evaluate(workloads, api, args.max_requests, args.limit, log=lambda s: print(s, file=sys.stderr))
     skipped += pskipped
     summary = summarise(rows)
@@ -925,7 +964,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(
         {"date": when, "sources": sources, "predictor": args.predictor, "coverage": coverage(workloads),
-         "summary": summary, "kv_cache": kv, "rows": rows, "skipped": skipped}, indent=1))
+         "summary": summary, "kv_cache": kv, "implied_prompt_compute": prompt_compute, "rows": rows,
+         "skipped": skipped}, indent=1))
     md = markdown(rows, skipped, summary, sources, when)
     (out / "results.md").write_text(md)
     print(md.split("## Every scored point")[0])
@@ -936,6 +976,15 @@ def main(argv: list[str] | None = None) -> int:
         for k in kv:
             print(f"  {k['id']}: {k['model']} TP{k['tp']} on {k['gpu']}: {k['predicted_tokens']:,} predicted, "
                   f"{k['logged_tokens']:,} logged ({100 * k['error']:+.1f} %)")
+    if prompt_compute:
+        over = sorted((p for p in prompt_compute if p["share_of_peak"] > PREFILL_SHARE_CEILING),
+                      key=lambda p: -p["share_of_peak"])
+        print(f"Prompt compute: {len(over)} of {len(prompt_compute)} AIConfigurator closed loops would need more than "
+              f"{PREFILL_SHARE_CEILING:.0%} of their GPUs' dense peak for their prompts alone (measured rate × ISL × "
+              "2 FLOPs an active weight): prompts not all computed")
+        for p in over:
+            print(f"  {p['id']}: {p['model']} TP{p['tp']} {p['dtype']} on {p['gpu']}, {p['input_tokens']}/"
+                  f"{p['output_tokens']} at {p['concurrency']}: {p['share_of_peak']:.0%}")
     print(f"wrote {out / 'results.json'} and {out / 'results.md'}", file=sys.stderr)
     return 0
 

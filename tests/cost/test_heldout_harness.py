@@ -236,6 +236,26 @@ def test_the_logged_kv_caches_of_the_deployments_are_set_beside_the_memory_arith
     assert check["error"] == pytest.approx(-0.5, abs=1e-3)
 
 
+def test_the_prompt_compute_a_loops_measured_rate_implies_against_the_gpus_peak():
+    from cost.hardware.predict import capacity_for
+
+    _, details = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100", dtype="fp8")
+    fast = ev.normalise_aiconfigurator([aic_row(id="fast", isl="2000", osl="100", batch_size="64",
+                                                gemm_quant_mode="fp8", silicon_ttft_ms="100", silicon_tpot_ms="10")])[0]
+    slow = ev.normalise_aiconfigurator([aic_row(id="slow", silicon_ttft_ms="100", silicon_tpot_ms="30")])[0]
+    no_tpot = ev.normalise_aiconfigurator([aic_row(id="no-tpot", silicon_tpot_ms="")])[0]
+    checks = {c["id"]: c for c in ev.implied_prompt_compute(fast + slow + no_tpot,
+                                                              SimpleNamespace(capacity_for=capacity_for))}
+    assert set(checks) == {"fast", "slow"}                  # a loop without its TPOT has no measured rate
+    # 64 in flight, each 100 + 99 × 10 ms: 58.7 requests/s of 2,000 prompt tokens, 2 FLOPs an active weight,
+    # against one H100's FP8 peak (the weights' format)
+    want = 64 / 1.09 * 2000 * 2 * details["model"]["active_params"] / 1978e12
+    assert checks["fast"]["share_of_peak"] == pytest.approx(want, rel=1e-9) and want > ev.PREFILL_SHARE_CEILING
+    # 8 in flight, 100 + 99 × 30 ms, 1,000 prompt tokens at the 16-bit peak: far below it
+    want = 8 / 3.07 * 1000 * 2 * details["model"]["active_params"] / 989e12
+    assert checks["slow"]["share_of_peak"] == pytest.approx(want, rel=1e-9) and want < 0.1
+
+
 def test_the_answer_spread_what_if_varies_only_aiconfigurators_answers_about_the_same_mean():
     from cost.hardware import predict as api
 
