@@ -16,8 +16,10 @@ nothing here is fitted to them (FACTS.md §13). What this script does with them:
   simulator × experiment × load stage × metric, with the vLLM measurement in ``actual``) into
   open-loop workloads: one per experiment and stage, its arrival rate and token lengths taken from
   that repository's own workload descriptions (``workload_specs``), since the per-experiment
-  ``profile.yaml`` files are not published. The other simulators' predictions on the same rows are
-  kept, so their errors can be reported on exactly the points Spectrum is scored on.
+  ``profile.yaml`` files are not published; with ``--inference-sim``, each workload's shared system
+  prompt and multi-turn users from BLIS's copy of those profiles (``attach_workload_blocks``). The
+  other simulators' predictions on the same rows are kept, so their errors can be reported on
+  exactly the points Spectrum is scored on.
 * ``evaluate`` runs each workload through ``cost.hardware.predict`` (``capacity_for`` then
   ``closed_loop`` or ``open_loop``) and ``summarise`` reports the median absolute relative error by
   metric, overall, by GPU and dense against MoE. Results go to ``--out`` (JSON + Markdown); they
@@ -412,21 +414,27 @@ def golden_experiments(golden_json: str) -> list[dict[str, Any]]:
         return []
 
 
-def attach_system_prompts(experiments: list[dict[str, Any]], specs: dict[str, dict]) -> int:
-    """Each workload's shared system prompt, from BLIS's golden dataset: the inference-perf
-    ``shared_prefix`` block whose system prompt + question and output lengths are the workload's
-    (general: 100 + 447 / 248, as the design document's ~547 / ~248). Sets ``system_prompt_tokens``
-    on the specs it matches; returns how many."""
+def attach_workload_blocks(experiments: list[dict[str, Any]], specs: dict[str, dict]) -> int:
+    """What BLIS's golden dataset records of each workload's inference-perf ``shared_prefix``
+    block (read from each run's own profile), matched by its system prompt + question and output
+    lengths (general: 100 + 447 / 248, as the design document's ~547 / ~248): the shared system
+    prompt's length (``system_prompt_tokens``) and, for multi-turn chat, the users
+    (``users``: system prompts × users a prompt), each of whom sends a turn only after its
+    previous answer. Sets them on the specs it matches; returns how many."""
     blocks = {}
     for e in experiments:
         sp = ((e.get("workload") or {}).get("inference_perf") or {}).get("shared_prefix") or {}
         if {"system_prompt_len", "question_len", "output_len"} <= set(sp):
-            blocks[(sp["system_prompt_len"] + sp["question_len"], sp["output_len"])] = sp["system_prompt_len"]
+            users = (int(sp.get("num_unique_system_prompts") or 1) * int(sp.get("num_users_per_system_prompt") or 1)
+                     if sp.get("enable_multi_turn_chat") else None)
+            blocks[(sp["system_prompt_len"] + sp["question_len"], sp["output_len"])] = (sp["system_prompt_len"], users)
     matched = 0
     for spec in specs.values():
-        system = blocks.get((spec["input_tokens"], spec["output_tokens"]))
-        if system is not None:
-            spec["system_prompt_tokens"] = system
+        block = blocks.get((spec["input_tokens"], spec["output_tokens"]))
+        if block is not None:
+            spec["system_prompt_tokens"] = block[0]
+            if block[1]:
+                spec["users"] = block[1]
             matched += 1
     return matched
 
@@ -537,13 +545,19 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
             notes = [f"workload {workload}: {spec['source']}",
                      f"a system prompt of {spec['system_prompt_tokens']} tokens shared by each group of users "
                      f"({BLIS_GOLDEN} in inference-sim): the prefix cache serves its whole blocks, {reuse:.1%} of "
-                     "every prompt; the multi-turn sessions' history is not credited (the client version, and "
-                     "so whether turns carry it, is not published)"]
+                     "every prompt; the history multi-turn sessions re-send is not credited (inference-perf's code "
+                     "of the time re-sends it whole, which would outgrow max_model_len by the sixth turn, yet later "
+                     "turns completed: what the runs' turns carried is not known)"]
         else:
             notes = [f"workload {workload}: {spec['source']}", "prefix caching on in the run (shared system prompt), "
                      "multi-turn sessions; predicted without prefix reuse (the system prompt's length is not found)"]
         if str(first.get("cpu_offload")).lower() == "true":
             notes.append("CPU KV offload on in the run (not modelled)")
+        sessions = {"sessions": spec["users"]} if spec.get("users") else {}
+        if sessions:
+            notes.append(f"multi-turn chat: {spec['users']} users, each sending its next turn after its previous "
+                         "answer, the wait in no latency (inference-perf's user sessions: the request's clock starts "
+                         "once the user's previous turn has ended)")
         kept.append({
             "set": "sim-to-real", "subset": subset, "id": rid, "experiment": exp, "stage": stage, "workload": workload,
             "model": model, "family": fam[0], "moe": fam[1], "gpu": gpu, "tp": _int(first.get("tp")) or 1,
@@ -552,7 +566,7 @@ def normalise_sim_to_real(records: Iterable[dict[str, str]], specs: dict[str, di
                        "async_scheduling": async_by_default(engine.get("vllm_version"))},
             "vllm_version": engine.get("vllm_version"),
             "load": {"kind": "open", "input_tokens": spec["input_tokens"], "output_tokens": spec["output_tokens"],
-                     "stages": stages},
+                     "stages": stages, **sessions},
             "measured": measured, "comparators": dict(comparators), "source": source, "notes": notes,
         })
     return kept, skipped
@@ -583,7 +597,7 @@ def load_sim_to_real(repo: Repo, blis: Repo | None, extra: bool,
         if rl:
             specs["reasoning-lite"] = rl
         experiments, at = golden or read_golden(blis)
-        if attach_system_prompts(experiments, specs):
+        if attach_workload_blocks(experiments, specs):
             for spec in specs.values():
                 if "system_prompt_tokens" in spec:
                     spec["source"] += f"; system prompt: inference-sim {BLIS_GOLDEN}@{at}"
@@ -728,6 +742,8 @@ def predict(workload: dict[str, Any], api: Any, cache: dict, max_requests: int, 
                   requests=n)
         if _accepts(api.open_loop, "seed"):
             kw["seed"] = seed
+        if load.get("sessions") and _accepts(api.open_loop, "sessions"):
+            kw["sessions"] = load["sessions"]        # each stage's users, from an empty server
         per_stage.append(api.open_loop(cap, **kw))
         weights.append(st["rate"] * st["duration"])
     out: dict[str, float] = {}

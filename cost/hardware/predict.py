@@ -214,14 +214,18 @@ def _summary(arrival, first, last, outputs, keep) -> dict[str, Any]:
 
 
 def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outputs: np.ndarray,
-         closed_concurrency: int | None = None):
+         closed_concurrency: int | None = None, sessions: int | None = None):
     """Requests through one replica, as the client sees them: (sent, first token, last token).
     With ``closed_concurrency`` C, request i + C is sent when the client has request i's last
-    token (closed loop), else at its ``arrival``. The request overhead (HTTP, tokenising) is
-    added to both times, as the fleet adds it, so a closed loop sends its next request that
-    much after the engine's last step; its ``frontend_request_s`` share the replica spends
-    before its engine sees the request, one request at a time (the API server's event loop), so
-    requests sent together (a burst, a closed loop's wave) reach the engine spread out."""
+    token (closed loop), else at its ``arrival``. With ``sessions`` U, request i is user
+    (i mod U)'s and waits for that user's previous answer: it is sent at its arrival or when
+    request i − U ends, whichever is later, and its clock starts then (a chat user cannot send
+    the next turn before the answer; a benchmark client's wait for it is in no latency). The
+    request overhead (HTTP, tokenising) is added to both times, as the fleet adds it, so a
+    closed loop sends its next request that much after the engine's last step; its
+    ``frontend_request_s`` share the replica spends before its engine sees the request, one
+    request at a time (the API server's event loop), so requests sent together (a burst, a
+    closed loop's wave) reach the engine spread out."""
     import heapq
 
     from cost.simulate.replica import BatchingReplica
@@ -237,16 +241,22 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         done.append(request)
 
     replica = BatchingReplica(capacity, inputs.tolist(), outputs.tolist(), on_finish)
-    if closed_concurrency is None:
+    if closed_concurrency is None and sessions is None:
         for i in np.argsort(arrival, kind="stable"):
             at = float(arrival[i])
             replica.advance_to(at)
             replica.arrive(int(i), at)
         replica.advance_to(math.inf)
         return arrival, first, last
-    arrival = np.zeros(n)
-    pending = [(0.0, i) for i in range(min(closed_concurrency, n))]     # (sent, request): a heap
-    sent = len(pending)
+    if closed_concurrency is not None:
+        sent_at = np.zeros(n)
+        waiting = min(closed_concurrency, n)
+    else:
+        sent_at = np.asarray(arrival, dtype=float).copy()
+        waiting = min(sessions, n)
+    pending = [(float(sent_at[i]), i) for i in range(waiting)]     # (sent, request): a heap
+    heapq.heapify(pending)
+    sent = waiting                       # the closed loop's next request
     while len(done) < n:
         t = min(replica.next_boundary_s(), pending[0][0] if pending else math.inf)
         if math.isinf(t):
@@ -257,11 +267,14 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
             at, request = heapq.heappop(pending)
             replica.arrive(request, at)
         for request in sorted(done[seen:], key=lambda r: last[r]):
-            if sent < n:
-                arrival[sent] = float(last[request])
-                heapq.heappush(pending, (float(last[request]), sent))
-                sent += 1
-    return arrival, first, last
+            if closed_concurrency is not None:
+                follower, sent = (sent, sent + 1) if sent < n else (None, sent)
+            else:
+                follower = request + sessions if request + sessions < n else None
+            if follower is not None:
+                sent_at[follower] = max(float(sent_at[follower]) if sessions else 0.0, float(last[request]))
+                heapq.heappush(pending, (float(sent_at[follower]), follower))
+    return sent_at, first, last
 
 
 def closed_loop(capacity: CapacityModel, concurrency: int, input_tokens: int, output_tokens: int,
@@ -315,11 +328,17 @@ def burst(capacity: CapacityModel, input_tokens, output_tokens) -> dict[str, Any
 
 
 def open_loop(capacity: CapacityModel, rate_per_s: float, input_tokens, output_tokens, requests: int = 1000,
-              seed: int = 0) -> dict[str, Any]:
-    """Poisson arrivals at ``rate_per_s``; sizes fixed (numbers) or drawn in turn (sequences)."""
+              seed: int = 0, sessions: int | None = None) -> dict[str, Any]:
+    """Poisson arrivals at ``rate_per_s``; sizes fixed (numbers) or drawn in turn (sequences).
+    ``sessions`` U: the requests are U users' turns in rotation, each sent no sooner than its
+    user's previous answer (``_run``), so at most U are ever at the server and a rate above what
+    it serves waits at the client, in no latency: a chat front end's users, or a benchmark
+    client's multi-turn sessions (inference-perf's ``enable_multi_turn_chat``)."""
+    if sessions is not None and not (isinstance(sessions, int) and not isinstance(sessions, bool) and sessions >= 1):
+        raise BadInput(f"sessions {sessions!r} must be a whole number >= 1 (users, each with one request at a time)")
     rng = np.random.default_rng(seed)
     arrival = np.cumsum(rng.exponential(1.0 / rate_per_s, requests))
     inputs = np.resize(np.asarray(input_tokens, dtype=int), requests)
     outputs = np.maximum(1, np.resize(np.asarray(output_tokens, dtype=int), requests))
-    arrival, first, last = _run(capacity, arrival, inputs, outputs)
+    arrival, first, last = _run(capacity, arrival, inputs, outputs, sessions=sessions)
     return _summary(arrival, first, last, outputs, np.ones(requests, dtype=bool))

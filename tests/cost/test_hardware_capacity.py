@@ -331,6 +331,37 @@ def test_async_scheduling_is_vllms_default_and_can_be_turned_off():
     assert json.loads(done.stdout)["capacity"]["async_scheduling"] is False
 
 
+def test_users_each_waiting_for_their_answer_cap_what_reaches_the_server():
+    """``sessions`` U: request i is user (i mod U)'s and is sent no sooner than request i − U ends,
+    its clock starting then; a rate the server cannot serve waits at the client, not in a queue."""
+    from cost.hardware.predict import _run
+
+    capacity, _ = capacity_for("meta-llama/Llama-3.1-8B-Instruct", gpu="h100")
+    # More users than requests: nobody waits, the same as the open loop.
+    assert open_loop(capacity, 5, 1000, 200, requests=300, sessions=300) == open_loop(capacity, 5, 1000, 200,
+                                                                                        requests=300)
+    # One user: each request leaves when the one before it ends, whatever its arrival.
+    arrival = np.arange(40) * 0.01
+    sent, first, last = _run(capacity, arrival, np.full(40, 800), np.full(40, 50), sessions=1)
+    assert sent[0] == 0.0 and np.all(sent[1:] == np.maximum(arrival[1:], last[:-1]))
+    assert np.all(first > sent) and np.all(last >= first)
+    # Users sent together: a closed loop of U requests (identical sizes: the same times).
+    zero, inputs, outputs = np.zeros(96), np.full(96, 1000), np.full(96, 200)
+    users = _run(capacity, zero, inputs, outputs, sessions=8)
+    loop = _run(capacity, zero, inputs, outputs, closed_concurrency=8)
+    for a, b in zip(users, loop):
+        assert np.allclose(np.sort(a), np.sort(b))
+    # Far above what one replica serves (200 requests a second): an open loop's queue grows
+    # to tens of seconds; 45 users each waiting for an answer keep 45 in flight, as a closed loop.
+    queued = open_loop(capacity, 200, 1000, 200, requests=1500)
+    chatted = open_loop(capacity, 200, 1000, 200, requests=1500, sessions=45)
+    assert queued["ttft_ms"]["mean"] > 50 * chatted["ttft_ms"]["mean"]
+    assert chatted["ttft_ms"]["mean"] == pytest.approx(closed_loop(capacity, 45, 1000, 200)["ttft_ms"]["mean"], rel=0.25)
+    for bad in (0, True, 2.5):
+        with pytest.raises(BadInput, match=f"sessions {bad!r} must be a whole number >= 1"):
+            open_loop(capacity, 5, 1000, 200, requests=10, sessions=bad)
+
+
 def test_a_loop_of_identical_requests_stays_in_step_and_varied_answers_break_it_up():
     """Identical requests that finish in one step come back together and are prefilled together
     again; answers varied by a fifth (same mean) break the groups up, so the same work meets

@@ -197,25 +197,51 @@ def test_sim_to_real_records_become_one_open_loop_workload_per_stage(specs):
     assert (w["gpu"], w["family"], w["moe"], w["vllm_version"]) == ("h100", "llama-3", False, "9.9.9")
 
 
-def test_a_workloads_shared_system_prompt_is_found_by_its_lengths_and_credited_in_whole_blocks(specs):
+def test_a_workloads_shared_system_prompt_and_chat_users_are_found_by_its_lengths(specs):
     specs, engine = specs
     golden = json.dumps({"experiments": [
         {"id": "1", "workload": {"inference_perf": {"shared_prefix": {
-            "system_prompt_len": 100, "question_len": 400, "output_len": 200, "enable_multi_turn_chat": True}}},
+            "system_prompt_len": 100, "question_len": 400, "output_len": 200, "enable_multi_turn_chat": True,
+            "num_unique_system_prompts": 9, "num_users_per_system_prompt": 5}}},
          "expected": {"ttft_mean_ms": 1.0}},                           # BLIS's own prediction: never read
         {"id": "2", "workload": {"inference_perf": {"shared_prefix": {
             "system_prompt_len": 50, "question_len": 651, "output_len": 250}}}},   # 701 in: no workload's
+        {"id": "3", "workload": {"inference_perf": {"shared_prefix": {          # single-turn: no users
+            "system_prompt_len": 150, "question_len": 550, "output_len": 250, "num_unique_system_prompts": 3}}}},
     ]})
     specs = {name: dict(spec) for name, spec in specs.items()}
-    assert ev.attach_system_prompts(ev.golden_experiments(golden), specs) == 2   # general, general-lite (500 / 200)
-    assert specs["general"]["system_prompt_tokens"] == 100 and "system_prompt_tokens" not in specs["roleplay"]
+    assert ev.attach_workload_blocks(ev.golden_experiments(golden), specs) == 3   # general, general-lite, roleplay
+    assert specs["general"]["system_prompt_tokens"] == 100 and specs["general"]["users"] == 45
+    assert specs["roleplay"]["system_prompt_tokens"] == 150 and "users" not in specs["roleplay"]
+    assert "system_prompt_tokens" not in specs["reasoning"]
     assert ev.system_prompt_reuse(specs["general"]) == pytest.approx(96 / 500)    # six whole 16-token blocks
-    assert ev.system_prompt_reuse(specs["roleplay"]) == 0
-    assert ev.attach_system_prompts(ev.golden_experiments("not json"), specs) == 0
+    assert ev.system_prompt_reuse(specs["reasoning"]) == 0
+    assert ev.attach_workload_blocks(ev.golden_experiments("not json"), specs) == 0
     rows = s2r_rows("16-llama-3-1-8b-tp1-general-1", "meta-llama/Llama-3.1-8B-Instruct", "general", (0,))
     (w,) = ev.normalise_sim_to_real(rows, specs, engine)[0]
     assert w["engine"]["prefix_cache_hit_rate"] == pytest.approx(0.192)
     assert "100 tokens shared by each group" in w["notes"][1] and "not credited" in w["notes"][1]
+    assert w["load"]["sessions"] == 45 and "45 users" in w["notes"][-1]
+    rows = s2r_rows("19-llama-3-1-8b-tp1-roleplay-1", "meta-llama/Llama-3.1-8B-Instruct", "roleplay", (0,))
+    (single,) = ev.normalise_sim_to_real(rows, specs, engine)[0]
+    assert "sessions" not in single["load"]
+
+
+def test_each_stage_is_predicted_with_the_workloads_users():
+    seen = []
+
+    def open_loop(cap, rate_per_s, input_tokens, output_tokens, requests=1000, seed=0, sessions=None):
+        seen.append(sessions)
+        return fake_api().open_loop(cap, rate_per_s, input_tokens, output_tokens, requests, seed)
+
+    api = SimpleNamespace(**{**vars(fake_api()), "open_loop": open_loop})
+    load = {"kind": "open", "input_tokens": 500, "output_tokens": 200,
+            "stages": [{"rate": 4.0, "duration": 10.0}, {"rate": 10.0, "duration": 10.0}]}
+    w = {"set": "sim-to-real", "model": "meta-llama/Llama-3.1-8B-Instruct", "gpu": "h100", "tp": 1, "dtype": "auto",
+         "kv_dtype": "auto", "engine": {}, "load": {**load, "sessions": 45}}
+    ev.predict(w, api, {}, 3000)
+    ev.predict({**w, "load": load}, api, {}, 3000)
+    assert seen == [45, 45, None, None]
 
 
 def test_the_logged_kv_caches_of_the_deployments_are_set_beside_the_memory_arithmetic():
