@@ -161,13 +161,16 @@ def by_the_generator(row: dict[str, str], version: str | None) -> bool:
         return False
     if version in VLLM_RELEASED:
         return VLLM_RELEASED[version] >= GENERATOR_FLAGS_SINCE
+    release = _release(version)                          # None: a pre-release or local build: unknown
+    return release is not None and release > max(map(_release, VLLM_RELEASED))
 
-    def release(v: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in v.split("."))
+
+def _release(version: str) -> tuple[int, ...] | None:
+    """``0.14.0`` (or ``0.14.0.post1``) as (0, 14, 0); None where those three are not numbers."""
     try:
-        return release(version) > max(map(release, VLLM_RELEASED))
-    except ValueError:                                   # a pre-release or local build: unknown
-        return False
+        return tuple(int(x) for x in version.split(".")[:3])
+    except ValueError:
+        return None
 
 
 # vLLM turned async scheduling on by default in 0.14.0 (vllm/config/scheduler.py: ``async_scheduling``
@@ -179,11 +182,9 @@ def async_by_default(version: str | None, row: dict[str, str] | None = None) -> 
     """Whether the vLLM a point ran scheduled asynchronously by default: its version says so, or, a
     nightly or local build, its measurement date is after 0.14.0's release. Unknown: False (a
     synchronous scheduler, as every vLLM before 0.14.0)."""
-    if version:
-        try:
-            return tuple(int(x) for x in version.split(".")[:3]) >= ASYNC_SCHEDULING_SINCE
-        except ValueError:
-            pass
+    release = _release(version) if version else None
+    if release is not None:
+        return release >= ASYNC_SCHEDULING_SINCE
     found = re.search(r"measured=(\d{4}-\d{2}-\d{2})", (row or {}).get("silicon_data_source", ""))
     return bool(found) and found.group(1) >= VLLM_RELEASED["0.14.0"]
 

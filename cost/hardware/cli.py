@@ -153,8 +153,9 @@ def render_capacity(data: dict[str, Any]) -> None:
     t.add_row("weights", f"{m['weights_gib']:,.1f} GiB in {m['dtype']}; {data['weights_gib']:,.2f} GiB per GPU")
     t.add_row("GPU memory", f"{mem['gpu_total_gib']:g} GiB × {mem['utilization']:g}; activations "
                             f"{mem['activation_gib']:.2f}, non-torch {mem['non_torch_gib']:.2f} GiB")
+    whole = f" over its {h['tp']} GPUs" if h["tp"] > 1 else ""
     t.add_row("KV cache", f"{data['kv_cache_tokens']:,} tokens ({mem['kv_budget_gib']:.1f} GiB a GPU, "
-                          f"{m['kv_bytes_per_token']:,.0f} bytes a token" + (f" over its {h['tp']} GPUs)" if h["tp"] > 1 else ")"))
+                          f"{m['kv_bytes_per_token']:,.0f} bytes a token{whole})")
     t.add_row("max_model_len", f"{mem['max_model_len']:,}")
     mix = data["mix"]
     t.add_row("sequences at once", f"{data['max_concurrent_seqs']:,} at {mix['input_tokens']:,.0f} in / "

@@ -256,7 +256,7 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
         waiting = min(sessions, n)
     pending = [(float(sent_at[i]), i) for i in range(waiting)]     # (sent, request): a heap
     heapq.heapify(pending)
-    sent = waiting                       # the closed loop's next request
+    sent = waiting                       # the closed loop's next request to send
     while len(done) < n:
         t = min(replica.next_boundary_s(), pending[0][0] if pending else math.inf)
         if math.isinf(t):
@@ -267,12 +267,11 @@ def _run(capacity: CapacityModel, arrival: np.ndarray, inputs: np.ndarray, outpu
             at, request = heapq.heappop(pending)
             replica.arrive(request, at)
         for request in sorted(done[seen:], key=lambda r: last[r]):
-            if closed_concurrency is not None:
-                follower, sent = (sent, sent + 1) if sent < n else (None, sent)
-            else:
-                follower = request + sessions if request + sessions < n else None
-            if follower is not None:
-                sent_at[follower] = max(float(sent_at[follower]) if sessions else 0.0, float(last[request]))
+            # who may go now: the closed loop's next request, or this user's next turn
+            follower = sent if closed_concurrency is not None else request + sessions
+            sent += closed_concurrency is not None
+            if follower < n:
+                sent_at[follower] = max(sent_at[follower], last[request])
                 heapq.heappush(pending, (float(sent_at[follower]), follower))
     return sent_at, first, last
 
